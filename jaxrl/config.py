@@ -1,0 +1,310 @@
+"""Run configuration: the recipe schema, its validation, and the `rl_config.json` dump.
+
+A recipe (configs/*.py) returns an `ml_collections.ConfigDict` built from `base_config()`; keys
+read like SkyRL's where the concept is the same (`trainer.algorithm.*`, `generator.*`), so a
+recipe ports over by name. `validate(config)` runs before any work starts and raises
+`ConfigError` naming the key and the fix.
+
+Scales: the same recipe file takes a config string (`configs/rloo.py:qwen3_8b`); the default
+(no string) is the CPU scale that trains the embedded default policy on the built-in task.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from typing import Any
+
+import ml_collections
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the key and how to fix it."""
+
+    def __init__(self, key: str, problem: str, fix: str):
+        super().__init__(f"config key `{key}`: {problem}. Fix: {fix}")
+        self.key = key
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """The full schema with defaults for the CPU scale (embedded policy, arithmetic task)."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.name = "rloo"
+    c.scale = "cpu"  # set by apply_scale: cpu | qwen3_8b | ...
+
+    # ---- policy model ---------------------------------------------------------------------
+    c.model = ml_collections.ConfigDict()
+    c.model.path = ""  # HF checkpoint directory; "" = the embedded default policy
+    c.model.compute_dtype = "float32"  # "bfloat16" on accelerators; params are fp32 masters
+    c.model.remat = "none"  # none | full | dots
+    c.model.attention_impl = "xla"  # xla | cudnn
+    c.model.logprobs_chunk_size = 1024  # tokens per chunk of the chunked log-softmax
+
+    # ---- device mesh ----------------------------------------------------------------------
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = 1
+    c.mesh.fsdp = -1  # -1 = all remaining devices
+    c.mesh.tensor = 1
+
+    # ---- tasks / data ---------------------------------------------------------------------
+    c.data = ml_collections.ConfigDict()
+    c.data.task = "arithmetic"  # a registered built-in task, or "dataset" (see dataset_path)
+    c.data.dataset_path = ""  # JSONL or Parquet prompts when task == "dataset"
+    c.data.eval_task = ""  # "" = the held-out split of `task`
+    c.data.num_eval_prompts = 200
+    c.data.max_prompt_length = 128  # tokens; longer prompts are rejected at load
+
+    # ---- rollout generation ---------------------------------------------------------------
+    c.generator = ml_collections.ConfigDict()
+    c.generator.backend = "jax"  # jax (built-in engine sidecar) | vllm (external sidecars)
+    c.generator.sidecar_urls = ()  # for backend=vllm: base URLs of running sidecars
+    c.generator.num_sidecars = 1  # for backend=jax: sidecar processes to spawn
+    c.generator.n_samples_per_prompt = 8
+    c.generator.max_turns = 1
+    c.generator.enable_thinking = False
+    c.generator.sampling_params = ml_collections.ConfigDict()
+    c.generator.sampling_params.max_generate_length = 16  # new tokens per turn
+    c.generator.sampling_params.temperature = 1.0
+    c.generator.sampling_params.top_p = 1.0
+    c.generator.sampling_params.top_k = -1
+    c.generator.eval_sampling_params = ml_collections.ConfigDict()
+    c.generator.eval_sampling_params.temperature = 1.0
+    c.generator.eval_sampling_params.greedy = True
+
+    # ---- trainer --------------------------------------------------------------------------
+    c.trainer = ml_collections.ConfigDict()
+    c.trainer.num_steps = 60  # RL steps (one rollout batch each)
+    c.trainer.train_batch_size = 64  # prompts per RL step
+    c.trainer.mini_batch_size = 64  # prompts per optimizer step
+    c.trainer.micro_batch_size = 128  # sequences per micro-batch (gradient accumulation)
+    c.trainer.update_epochs_per_batch = 1
+    c.trainer.eval_interval = 10  # RL steps; 0 = only before training and at the end
+    c.trainer.eval_before_train = True
+    c.trainer.ckpt_interval = 5  # RL steps between Orbax checkpoints
+    c.trainer.max_ckpts_to_keep = 2  # the best-EMA checkpoint is kept in addition
+    c.trainer.weight_sync_keep = 2  # published policy versions kept in sync_dir
+    c.trainer.seq_len_buckets = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+    c.trainer.ema_span = 5  # trailing EMA of the mean reward: alpha = 2 / (span + 1)
+    c.trainer.export_best = True  # HF export of the best-EMA checkpoint to workdir/best/
+
+    c.trainer.optimizer = ml_collections.ConfigDict()
+    c.trainer.optimizer.lr = 8e-6
+    c.trainer.optimizer.weight_decay = 0.0
+    c.trainer.optimizer.adam_betas = (0.9, 0.999)
+    c.trainer.optimizer.adam_eps = 1e-8
+    c.trainer.optimizer.max_grad_norm = 0.9
+    c.trainer.optimizer.scheduler = "constant"  # constant | cosine (both after linear warm-up)
+    c.trainer.optimizer.num_warmup_steps = 0  # optimizer steps
+
+    c.trainer.algorithm = ml_collections.ConfigDict()
+    c.trainer.algorithm.advantage_estimator = "rloo_n"
+    c.trainer.algorithm.group_advantage_min_size = 2
+    c.trainer.algorithm.grpo_norm_by_std = True
+    c.trainer.algorithm.policy_loss_type = "regular"
+    c.trainer.algorithm.loss_reduction = "token_mean"
+    c.trainer.algorithm.eps_clip_low = 0.2
+    c.trainer.algorithm.eps_clip_high = 0.05
+    c.trainer.algorithm.clip_ratio_c = 3.0
+    c.trainer.algorithm.max_seq_len = 0  # required (> 0) for seq_mean_token_sum_norm
+    c.trainer.algorithm.temperature = 1.0  # logits / temperature in the trainer's logprobs
+    c.trainer.algorithm.kl_loss_coef = 0.0  # 0 = no reference model is loaded
+    c.trainer.algorithm.kl_estimator_type = "k3"
+    c.trainer.algorithm.entropy_loss_coef = 0.0
+    c.trainer.algorithm.off_policy_correction = ml_collections.ConfigDict()
+    c.trainer.algorithm.off_policy_correction.tis_ratio_type = ""  # "" | token | sequence
+    c.trainer.algorithm.off_policy_correction.token_tis_ratio_clip_high = 2.0
+    c.trainer.algorithm.off_policy_correction.sequence_tis_ratio_clip_high = 5.0
+    c.trainer.algorithm.off_policy_correction.only_untruncated = False
+
+    c.trainer.collapse = ml_collections.ConfigDict()
+    c.trainer.collapse.enabled = True
+    c.trainer.collapse.drop = 0.2  # EMA below best EMA by this much (absolute reward) ...
+    c.trainer.collapse.patience = 3  # ... for this many consecutive steps = a collapse
+    c.trainer.collapse.action = "stop"  # stop | rollback
+    c.trainer.collapse.lr_factor = 0.5  # rollback: new lr = lr * lr_factor
+    c.trainer.collapse.max_rollbacks = 2
+    return c
+
+
+SCALES = ("", "cpu", "qwen3_8b")
+
+
+def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.ConfigDict:
+    """Sets the size-dependent keys of a recipe for a named scale.
+
+    "" / "cpu": the embedded default policy on the built-in arithmetic task; finishes on a
+    2-core CPU. The tiny policy needs a larger learning rate than the 8B recipe's 8e-6 to move
+    within a few dozen steps, so this scale raises it (the algorithm is otherwise unchanged).
+    "qwen3_8b": the cluster recipe: a Qwen3-8B HF checkpoint (model.path required), bf16
+    compute, full remat, cuDNN attention, FSDP over 8 devices per replica, vLLM sidecars,
+    a 32k-token context.
+
+    Raises:
+      ConfigError: for an unknown scale name.
+    """
+    scale = scale or "cpu"
+    if scale not in SCALES:
+        raise ConfigError("config string", f"unknown scale {scale!r}",
+                          f"use one of {[s for s in SCALES if s]}, e.g. --config=configs/rloo.py:qwen3_8b")
+    c.scale = scale
+    if scale == "cpu":
+        c.trainer.optimizer.lr = 1e-4 if c.trainer.optimizer.lr == 8e-6 else c.trainer.optimizer.lr
+        return c
+    # qwen3_8b
+    c.model.path = ""  # must be given on the command line
+    c.model.compute_dtype = "bfloat16"
+    c.model.remat = "full"
+    c.model.attention_impl = "cudnn"
+    c.model.logprobs_chunk_size = 2048
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = -1, 8, 1
+    c.data.task = "dataset"
+    c.data.max_prompt_length = 4096
+    c.generator.backend = "vllm"
+    c.generator.max_turns = 32
+    c.generator.sampling_params.max_generate_length = 4096
+    c.trainer.algorithm.max_seq_len = 32768
+    c.trainer.num_steps = 200
+    c.trainer.train_batch_size = 64
+    c.trainer.mini_batch_size = 64
+    c.trainer.micro_batch_size = 8
+    c.trainer.eval_interval = 10
+    c.trainer.ckpt_interval = 5
+    c.trainer.seq_len_buckets = (4096, 8192, 16384, 32768)
+    return c
+
+
+def _require(cond: bool, key: str, problem: str, fix: str):
+    if not cond:
+        raise ConfigError(key, problem, fix)
+
+
+def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
+    """Checks a run config before any work starts.
+
+    Args:
+      c: the resolved config (after command-line overrides).
+      num_devices: devices the mesh must cover; None skips the mesh/device checks.
+
+    Raises:
+      ConfigError: naming the first offending key, the problem and the fix.
+    """
+    from jaxrl.rl import registry as rl_registry  # names of estimators, losses, reductions
+
+    t, a, g = c.trainer, c.trainer.algorithm, c.generator
+    # Algorithm names.
+    for key, value, kind in (
+        ("trainer.algorithm.advantage_estimator", a.advantage_estimator, "advantage_estimator"),
+        ("trainer.algorithm.policy_loss_type", a.policy_loss_type, "policy_loss"),
+        ("trainer.algorithm.loss_reduction", a.loss_reduction, "loss_reduction"),
+        ("trainer.algorithm.kl_estimator_type", a.kl_estimator_type, "kl_estimator"),
+    ):
+        names = rl_registry.names(kind)
+        _require(value in names, key, f"unknown name {value!r}", f"use one of {sorted(names)}")
+    # Clip ranges.
+    _require(0.0 < a.eps_clip_low < 1.0, "trainer.algorithm.eps_clip_low",
+             f"{a.eps_clip_low} is outside (0, 1)", "use e.g. 0.2 (the ratio is clipped below at 1 - eps_clip_low)")
+    _require(0.0 < a.eps_clip_high <= 10.0, "trainer.algorithm.eps_clip_high",
+             f"{a.eps_clip_high} is outside (0, 10]", "use e.g. 0.05 or 0.2 (clipped above at 1 + eps_clip_high)")
+    _require(a.clip_ratio_c > 1.0, "trainer.algorithm.clip_ratio_c",
+             f"{a.clip_ratio_c} must be > 1", "use e.g. 3.0 (dual-clip bound on negative advantages)")
+    if a.loss_reduction.startswith("seq_mean_token_sum_norm"):
+        _require(a.max_seq_len and a.max_seq_len > 0, "trainer.algorithm.max_seq_len",
+                 "seq_mean_token_sum_norm needs an explicit constant max_seq_len (it is never the padded width)",
+                 "set --config.trainer.algorithm.max_seq_len to the total token budget per sequence, e.g. 32768")
+    _require(a.temperature > 0, "trainer.algorithm.temperature", f"{a.temperature} must be > 0",
+             "use the sampling temperature, e.g. 1.0")
+    _require(a.kl_loss_coef >= 0, "trainer.algorithm.kl_loss_coef", "must be >= 0", "use 0 to disable KL")
+    _require(a.entropy_loss_coef >= 0, "trainer.algorithm.entropy_loss_coef", "must be >= 0",
+             "use 0 to disable the entropy bonus")
+    _require(a.group_advantage_min_size >= 1, "trainer.algorithm.group_advantage_min_size", "must be >= 1",
+             "use 2 (RLOO needs at least one other member)")
+    opc = a.off_policy_correction
+    _require(opc.tis_ratio_type in ("", "token", "sequence"), "trainer.algorithm.off_policy_correction.tis_ratio_type",
+             f"unknown type {opc.tis_ratio_type!r}", "use '', 'token' or 'sequence'")
+    _require(opc.token_tis_ratio_clip_high > 0 and opc.sequence_tis_ratio_clip_high > 0,
+             "trainer.algorithm.off_policy_correction.token_tis_ratio_clip_high", "TIS caps must be > 0",
+             "use e.g. 2.0 (token) and 5.0 (sequence)")
+    # Batch sizes (SkyRL semantics: train/mini in prompts, micro in sequences).
+    for key in ("train_batch_size", "mini_batch_size", "micro_batch_size", "update_epochs_per_batch", "num_steps"):
+        _require(int(t[key]) >= 1, f"trainer.{key}", f"{t[key]} must be >= 1", "use a positive integer")
+    _require(g.n_samples_per_prompt >= 1, "generator.n_samples_per_prompt", "must be >= 1", "use e.g. 8")
+    _require(t.train_batch_size % t.mini_batch_size == 0, "trainer.mini_batch_size",
+             f"train_batch_size={t.train_batch_size} is not a multiple of mini_batch_size={t.mini_batch_size}",
+             f"use a divisor of {t.train_batch_size}, e.g. {t.train_batch_size}")
+    seqs_per_mini = t.mini_batch_size * g.n_samples_per_prompt
+    _require(seqs_per_mini % t.micro_batch_size == 0, "trainer.micro_batch_size",
+             f"a mini-batch has mini_batch_size*n_samples_per_prompt={seqs_per_mini} sequences, "
+             f"not a multiple of micro_batch_size={t.micro_batch_size}",
+             f"use a divisor of {seqs_per_mini}")
+    _require(t.ema_span >= 1, "trainer.ema_span", "must be >= 1", "use 5")
+    _require(t.ckpt_interval >= 1, "trainer.ckpt_interval", "must be >= 1", "use e.g. 5")
+    _require(t.max_ckpts_to_keep >= 1, "trainer.max_ckpts_to_keep", "must be >= 1", "use e.g. 2")
+    _require(t.eval_interval >= 0, "trainer.eval_interval", "must be >= 0", "use 0 to evaluate only at the ends")
+    o = t.optimizer
+    _require(o.lr > 0 and math.isfinite(o.lr), "trainer.optimizer.lr", f"{o.lr} must be a positive number", "use e.g. 8e-6")
+    _require(o.max_grad_norm > 0, "trainer.optimizer.max_grad_norm", "must be > 0", "use e.g. 1.0")
+    _require(o.scheduler in ("constant", "cosine"), "trainer.optimizer.scheduler",
+             f"unknown scheduler {o.scheduler!r}", "use 'constant' or 'cosine'")
+    _require(o.num_warmup_steps >= 0, "trainer.optimizer.num_warmup_steps", "must be >= 0", "use 0")
+    col = t.collapse
+    _require(col.action in ("stop", "rollback"), "trainer.collapse.action", f"unknown action {col.action!r}",
+             "use 'stop' or 'rollback'")
+    _require(col.drop > 0 and col.patience >= 1, "trainer.collapse.drop",
+             "drop must be > 0 and patience >= 1", "use e.g. drop=0.2, patience=3")
+    _require(0 < col.lr_factor <= 1, "trainer.collapse.lr_factor", "must be in (0, 1]", "use e.g. 0.5")
+    # Generation.
+    sp = g.sampling_params
+    _require(sp.max_generate_length >= 1, "generator.sampling_params.max_generate_length", "must be >= 1", "use e.g. 1024")
+    _require(sp.temperature > 0, "generator.sampling_params.temperature", "must be > 0", "use 1.0")
+    _require(0 < sp.top_p <= 1, "generator.sampling_params.top_p", "must be in (0, 1]", "use 1.0")
+    _require(g.backend in ("jax", "vllm"), "generator.backend", f"unknown backend {g.backend!r}", "use 'jax' or 'vllm'")
+    if g.backend == "vllm":
+        _require(len(g.sidecar_urls) > 0, "generator.sidecar_urls", "backend=vllm needs the URLs of running sidecars",
+                 "start them with launch/vllm_sidecar.sh and pass --config.generator.sidecar_urls")
+    _require(g.max_turns >= 1, "generator.max_turns", "must be >= 1", "use 1 for single-turn tasks")
+    # Model / data.
+    _require(c.model.compute_dtype in ("float32", "bfloat16"), "model.compute_dtype",
+             f"unknown dtype {c.model.compute_dtype!r}", "use 'float32' or 'bfloat16'")
+    _require(c.model.remat in ("none", "full", "dots"), "model.remat", f"unknown policy {c.model.remat!r}",
+             "use 'none', 'full' or 'dots'")
+    _require(c.model.attention_impl in ("xla", "cudnn"), "model.attention_impl",
+             f"unknown implementation {c.model.attention_impl!r}", "use 'xla' (CPU/TPU) or 'cudnn' (GPU)")
+    if c.scale != "cpu":
+        _require(bool(c.model.path), "model.path", f"the {c.scale} scale needs an HF checkpoint",
+                 "pass --config.model.path=/path/to/Qwen3-8B (a directory with config.json and *.safetensors)")
+    if c.model.path:
+        _require(os.path.isfile(os.path.join(c.model.path, "config.json")), "model.path",
+                 f"{c.model.path!r} is not an HF checkpoint directory (no config.json)",
+                 "point it at a directory written by save_pretrained (config.json + *.safetensors)")
+    if c.data.task == "dataset":
+        _require(bool(c.data.dataset_path) and os.path.exists(c.data.dataset_path), "data.dataset_path",
+                 f"{c.data.dataset_path!r} does not exist", "point it at a .jsonl or .parquet prompt file")
+    # Mesh.
+    axes = [int(c.mesh.data), int(c.mesh.fsdp), int(c.mesh.tensor)]
+    for name, v in zip(("data", "fsdp", "tensor"), axes):
+        _require(v == -1 or v >= 1, f"mesh.{name}", f"{v} is not a size", "use a positive size or -1 (all remaining devices)")
+    _require(axes.count(-1) <= 1, "mesh", "at most one axis may be -1", "set the other axes explicitly")
+    if num_devices is not None:
+        known = math.prod(v for v in axes if v != -1)
+        _require(num_devices % known == 0 and (-1 in axes or known == num_devices), "mesh",
+                 f"data*fsdp*tensor={known} does not match the {num_devices} available devices",
+                 f"choose sizes whose product is {num_devices} (or use -1 on one axis)")
+
+
+def to_json_dict(c: ml_collections.ConfigDict) -> dict[str, Any]:
+    """A JSON-serializable dict of the resolved config (tuples become lists)."""
+    return json.loads(c.to_json_best_effort())
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    """Writes JSON to `path` atomically (temp file in the same directory, then rename)."""
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp_", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,242 @@
+"""Run logs (DESIGN.md §7): metrics.csv, trainer_log.jsonl, trial_stats.csv, rollouts/, tensorboard/,
+reward_plot.png, report.md; plus the reward EMA that selects the best checkpoint and detects collapse.
+
+Every file is written so that a killed run loses nothing committed and a resumed run continues
+exactly: on resume, rows newer than the restored checkpoint's step are dropped, and whole-file
+rewrites go through a temp file and `os.replace`.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import os
+import tempfile
+from typing import Any, Iterable, Optional
+
+
+def _atomic_write_text(path: str, text: str) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp_")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _atomic_write_bytes(path: str, data: bytes) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp_")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@dataclasses.dataclass
+class RewardEMA:
+    """Trailing exponential moving average of the per-step mean training reward.
+
+    ema_1 = r_1; ema_t = alpha * r_t + (1 - alpha) * ema_{t-1}, alpha = 2 / (span + 1)
+    (the usual "N-period" EMA; span 5 gives alpha = 1/3). The best checkpoint is the step with
+    the highest EMA. A collapse is `patience` consecutive steps with ema < best_ema - drop.
+
+    The whole state is plain floats/ints so it is saved with every checkpoint and restored
+    exactly on resume.
+    """
+
+    span: int = 5
+    value: Optional[float] = None
+    best_value: float = -math.inf
+    best_step: int = -1
+    steps_below: int = 0
+
+    @property
+    def alpha(self) -> float:
+        return 2.0 / (self.span + 1.0)
+
+    def update(self, step: int, reward: float, drop: float = math.inf) -> tuple[float, bool]:
+        """Adds the mean reward of `step`; returns (ema, is_new_best).
+
+        `drop`: collapse threshold (absolute reward below the best EMA) used for `steps_below`.
+
+        Raises:
+          ValueError: if `reward` is not finite.
+        """
+        if not math.isfinite(reward):
+            raise ValueError(f"mean reward of step {step} is {reward}; rewards must be finite")
+        self.value = reward if self.value is None else self.alpha * reward + (1 - self.alpha) * self.value
+        is_best = self.value > self.best_value
+        if is_best:
+            self.best_value, self.best_step = self.value, step
+        self.steps_below = self.steps_below + 1 if self.value < self.best_value - drop else 0
+        return self.value, is_best
+
+    def state_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_state_dict(cls, d: dict[str, Any]) -> "RewardEMA":
+        return cls(**d)
+
+
+class RunLogger:
+    """Writes the per-step and per-trajectory logs of a run directory.
+
+    Args:
+      workdir: the run directory.
+      resume_step: the step of the restored checkpoint (rows with step > resume_step, written by
+        a run that was killed later, are dropped); None for a fresh run (existing logs removed).
+      use_tensorboard: write tensorboardX events under workdir/tensorboard.
+    """
+
+    def __init__(self, workdir: str, resume_step: Optional[int] = None, use_tensorboard: bool = True):
+        self.workdir = workdir
+        os.makedirs(os.path.join(workdir, "rollouts"), exist_ok=True)
+        self.metrics_path = os.path.join(workdir, "metrics.csv")
+        self.jsonl_path = os.path.join(workdir, "trainer_log.jsonl")
+        self.trials_path = os.path.join(workdir, "trial_stats.csv")
+        keep = (lambda row: int(row["step"]) <= resume_step) if resume_step is not None else (lambda row: False)
+        self.rows: list[dict[str, Any]] = [r for r in self._read_jsonl(self.jsonl_path) if keep(r)]
+        trials = [r for r in self._read_csv(self.trials_path) if keep(r)]
+        self.trial_fields: Optional[list[str]] = list(trials[0].keys()) if trials else None
+        self._rewrite_trials(trials)
+        self._rewrite_step_logs()
+        for name in os.listdir(os.path.join(workdir, "rollouts")):
+            if name.startswith("step_") and (resume_step is None or int(name[5:11]) > resume_step):
+                os.remove(os.path.join(workdir, "rollouts", name))
+        self.tb = None
+        if use_tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+    @staticmethod
+    def _read_jsonl(path: str) -> list[dict[str, Any]]:
+        if not os.path.exists(path):
+            return []
+        rows = []
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError:  # a line cut by a kill mid-write
+                        break
+        return rows
+
+    @staticmethod
+    def _read_csv(path: str) -> list[dict[str, Any]]:
+        if not os.path.exists(path):
+            return []
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+
+    def _rewrite_step_logs(self) -> None:
+        _atomic_write_text(self.jsonl_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.rows))
+        fields: list[str] = []
+        for r in self.rows:
+            fields.extend(k for k in r if k not in fields)
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=["step"] + sorted(f for f in fields if f != "step"))
+        w.writeheader()
+        for r in self.rows:
+            w.writerow(r)
+        _atomic_write_text(self.metrics_path, buf.getvalue())
+
+    def _rewrite_trials(self, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            if os.path.exists(self.trials_path):
+                os.remove(self.trials_path)
+            return
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=self.trial_fields)
+        w.writeheader()
+        w.writerows(rows)
+        _atomic_write_text(self.trials_path, buf.getvalue())
+
+    def log_step(self, step: int, metrics: dict[str, float]) -> None:
+        """Appends one row (all metrics of one RL step) to metrics.csv, trainer_log.jsonl, tensorboard."""
+        row = {"step": int(step)}
+        row.update({k: (float(v) if isinstance(v, (int, float)) or hasattr(v, "item") else v) for k, v in metrics.items()})
+        self.rows = [r for r in self.rows if int(r["step"]) != step] + [row]
+        self._rewrite_step_logs()
+        if self.tb is not None:
+            for k, v in row.items():
+                if k != "step" and isinstance(v, float) and math.isfinite(v):
+                    self.tb.add_scalar(k, v, step)
+            self.tb.flush()
+
+    def log_trials(self, step: int, trials: Iterable[dict[str, Any]]) -> None:
+        """Appends one row per trajectory to trial_stats.csv and writes rollouts/step_XXXXXX.jsonl.
+
+        Each trial dict holds scalar fields (reward, num_tokens, stop_reason, group_id, ...) and may
+        hold text fields (prompt, response) that go only to the rollouts file.
+        """
+        trials = list(trials)
+        text_keys = {"prompt", "response", "messages"}
+        _atomic_write_text(
+            os.path.join(self.workdir, "rollouts", f"step_{step:06d}.jsonl"),
+            "".join(json.dumps({"step": step, **t}, default=str) + "\n" for t in trials),
+        )
+        rows = [{"step": step, **{k: v for k, v in t.items() if k not in text_keys}} for t in trials]
+        if not rows:
+            return
+        if self.trial_fields is None:
+            self.trial_fields = list(rows[0].keys())
+        new_file = not os.path.exists(self.trials_path)
+        with open(self.trials_path, "a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=self.trial_fields, extrasaction="ignore")
+            if new_file:
+                w.writeheader()
+            w.writerows(rows)
+            f.flush()
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def plot_rewards(workdir: str, rows: list[dict[str, Any]], best_step: int, reward_key: str = "reward/avg_raw_reward",
+                 ema_key: str = "reward/ema", eval_key: str = "eval/success_rate") -> str:
+    """Draws reward per step, its EMA, held-out success, and marks the best step; returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [int(r["step"]) for r in rows if reward_key in r]
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    ax.plot(steps, [float(r[reward_key]) for r in rows if reward_key in r], ".-", alpha=0.5, label="mean reward")
+    ax.plot([int(r["step"]) for r in rows if ema_key in r], [float(r[ema_key]) for r in rows if ema_key in r],
+            "-", lw=2, label="reward EMA")
+    ev = [(int(r["step"]), float(r[eval_key])) for r in rows if r.get(eval_key) not in (None, "")]
+    if ev:
+        ax.plot([s for s, _ in ev], [v for _, v in ev], "s--", label="held-out success")
+    if best_step >= 0:
+        ax.axvline(best_step, color="tab:red", ls=":", label=f"best EMA (step {best_step})")
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("reward")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    path = os.path.join(workdir, "reward_plot.png")
+    _atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+def write_report(workdir: str, text: str) -> str:
+    """Writes workdir/report.md atomically; returns the path."""
+    path = os.path.join(workdir, "report.md")
+    _atomic_write_text(path, text)
+    return path

@@ -1,0 +1,74 @@
+"""Run logs, reward EMA and the checkpoint store."""
+import csv
+import json
+import math
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl.train.checkpoint import CheckpointStore
+from jaxrl.train.metrics import RewardEMA, RunLogger, plot_rewards
+
+
+def test_reward_ema_matches_hand_computation_and_tracks_best_and_collapse():
+    ema = RewardEMA(span=5)  # alpha = 1/3
+    rewards = [0.3, 0.6, 0.9, 0.0, 0.0, 0.0]
+    expected, e = [], None
+    for r in rewards:
+        e = r if e is None else r / 3 + 2 * e / 3
+        expected.append(e)
+    got = [ema.update(i, r, drop=0.2)[0] for i, r in enumerate(rewards)]
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+    # EMA: 0.3, 0.4, 0.5667(best, step 2), 0.3778, 0.2519, 0.1679
+    assert ema.best_step == 2 and math.isclose(ema.best_value, expected[2])
+    # below best - 0.2 = 0.3667: steps 4 (0.2519) and 5 (0.1679); step 3 (0.3778) is not.
+    assert ema.steps_below == 2
+    restored = RewardEMA.from_state_dict(json.loads(json.dumps(ema.state_dict())))
+    assert restored == ema
+    with pytest.raises(ValueError, match="finite"):
+        ema.update(6, float("nan"))
+
+
+def test_run_logger_writes_files_and_resume_drops_later_rows(tmp_path):
+    wd = str(tmp_path)
+    log = RunLogger(wd, resume_step=None, use_tensorboard=True)
+    for step in (1, 2, 3):
+        log.log_step(step, {"reward/avg_raw_reward": step / 10, "reward/ema": step / 20})
+        log.log_trials(step, [{"reward": 1.0, "group_id": 0, "response": "x"}, {"reward": 0.0, "group_id": 0, "response": "y"}])
+    rows = list(csv.DictReader(open(os.path.join(wd, "metrics.csv"))))
+    assert [int(r["step"]) for r in rows] == [1, 2, 3]
+    assert float(rows[1]["reward/avg_raw_reward"]) == 0.2
+    assert len(list(csv.DictReader(open(os.path.join(wd, "trial_stats.csv"))))) == 6
+    assert sorted(os.listdir(os.path.join(wd, "rollouts"))) == ["step_000001.jsonl", "step_000002.jsonl", "step_000003.jsonl"]
+    assert os.listdir(os.path.join(wd, "tensorboard"))
+    log.close()
+    # Resume from the checkpoint of step 1: steps 2 and 3 are gone from every log.
+    log = RunLogger(wd, resume_step=1, use_tensorboard=False)
+    assert [r["step"] for r in log.rows] == [1]
+    assert [int(r["step"]) for r in csv.DictReader(open(os.path.join(wd, "trial_stats.csv")))] == [1, 1]
+    assert os.listdir(os.path.join(wd, "rollouts")) == ["step_000001.jsonl"]
+    lines = open(os.path.join(wd, "trainer_log.jsonl")).read().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1]
+    path = plot_rewards(wd, log.rows, best_step=1)
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_checkpoint_store_keeps_latest_plus_best_and_restores_exactly(tmp_path):
+    store = CheckpointStore(str(tmp_path), max_to_keep=2, async_save=False)
+    params = {"w": jnp.arange(12.0).reshape(4, 3), "b": {"c": jnp.ones(5, jnp.bfloat16)}}
+    opt = (jnp.zeros((), jnp.int32), {"mu": params})
+    for step, ema in [(1, 0.1), (2, 0.9), (3, 0.2), (4, 0.3), (5, 0.25)]:
+        p = {"w": params["w"] + step, "b": params["b"]}
+        store.save(step, p, opt, {"step": step, "rng": [0, step]}, ema)
+    store.wait()
+    assert store.all_steps() == [2, 4, 5]  # the last two plus the best EMA (step 2)
+    assert store.latest_step() == 5
+    p, o, ts = store.restore(2, params, opt)
+    np.testing.assert_array_equal(np.asarray(p["w"]), np.asarray(params["w"] + 2))
+    assert p["b"]["c"].dtype == jnp.bfloat16
+    assert ts == {"step": 2, "rng": [0, 2]}
+    with pytest.raises(FileNotFoundError, match="step 3"):
+        store.restore(3, params, opt)
+    store.close()

@@ -1,0 +1,612 @@
+"""Qwen3 dense decoder (HF ``Qwen3ForCausalLM``) in flax.nnx, with a pure-function core.
+
+Architecture (HF transformers ``modeling_qwen3.py``; Qwen3 technical report, arXiv:2505.09388):
+pre-norm decoder layers ``h = x + attn(rmsnorm(x)); out = h + mlp(rmsnorm(h))``; RMSNorm
+(Zhang & Sennrich 2019) in HF rounding order; per-head RMSNorm on q and k over ``head_dim``
+before rotary embeddings (RoPE, Su et al. 2021, split-half "NeoX" layout); grouped-query
+attention (Ainslie et al. 2023); SwiGLU MLP (Shazeer 2020); no biases; lm_head tied to the
+embedding or not as the config says.
+
+Two ways to use it:
+
+* ``Qwen3(cfg, rngs)`` — an ``nnx.Module`` holding fp32 master params, each an ``nnx.Param``
+  with ``logical_axes`` metadata used by :mod:`jaxrl.parallel`;
+* the pure functions :func:`forward`, :func:`logprobs`, :func:`forward_with_cache` of a
+  params pytree (``to_params(model)``), which is what the trainer jits.
+
+Param tree (``nnx.state(model, nnx.Param).to_pure_dict()``), shapes with
+V=vocab, E=hidden, L=layers, Nq/Nkv=heads, D=head_dim, I=intermediate, all float32::
+
+    {'embed_tokens': [V, E]                         ('vocab', 'embed')
+     'layers': {                                     every leaf has a leading [L] ('layers') axis
+        'input_layernorm': {'scale': [L, E]},
+        'q_proj': [L, E, Nq, D]                     ('layers', 'embed', 'heads', 'head_dim')
+        'k_proj': [L, E, Nkv, D], 'v_proj': [L, E, Nkv, D]   (..., 'kv_heads', 'head_dim')
+        'o_proj': [L, Nq, D, E]                     ('layers', 'heads', 'head_dim', 'embed')
+        'q_norm': {'scale': [L, D]}, 'k_norm': {'scale': [L, D]},
+        'post_attention_layernorm': {'scale': [L, E]},
+        'gate_proj': [L, E, I], 'up_proj': [L, E, I]  ('layers', 'embed', 'mlp')
+        'down_proj': [L, I, E]                      ('layers', 'mlp', 'embed')},
+     'norm': {'scale': [E]},
+     'lm_head': [E, V]                              ('embed', 'vocab'); absent when tied}
+
+Projections are stored ``[in, out]`` (HF stores ``[out, in]``); see :mod:`jaxrl.models.hf_io`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl import parallel
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+REMAT_POLICIES = ("none", "full", "save_dots")
+ATTENTION_IMPLS = ("xla", "cudnn")
+
+
+# --------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3Config:
+    """Qwen3 architecture (HF config.json field names) plus runtime settings.
+
+    Architecture fields mirror HF ``Qwen3Config``; ``head_dim`` is explicit (never
+    hidden_size / num_attention_heads, which is wrong for 0.6B and 4B).
+
+    Runtime fields (not part of the checkpoint):
+      dtype: compute dtype, ``'float32'`` or ``'bfloat16'``; params are always fp32 masters and
+        are cast to this dtype for every matmul; logits/logprobs are always float32.
+      remat: ``'none'`` (keep all activations), ``'full'`` (recompute each layer in the backward
+        pass; ``nothing_saveable``) or ``'save_dots'`` (keep matmul outputs without batch dims;
+        ``dots_with_no_batch_dims_saveable``).
+      attention: ``'xla'`` (explicit einsum softmax, any backend, any dtype) or ``'cudnn'``
+        (fused cuDNN attention on NVIDIA GPUs; bfloat16 only).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 40960
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = 151643
+    eos_token_id: int | tuple[int, ...] | None = 151645
+    dtype: str = "bfloat16"
+    remat: str = "full"
+    attention: str = "xla"
+
+    def __post_init__(self):
+        for f in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                  "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"Qwen3Config.{f} must be a positive integer, got {v!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"Qwen3Config.num_attention_heads={self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"Qwen3Config.head_dim={self.head_dim} must be even for rotary embeddings")
+        if not self.rms_norm_eps > 0:
+            raise ValueError(f"Qwen3Config.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"Qwen3Config.rope_theta must be > 0, got {self.rope_theta}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"Qwen3Config.dtype={self.dtype!r}; expected one of {sorted(DTYPES)}")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"Qwen3Config.remat={self.remat!r}; expected one of {REMAT_POLICIES}")
+        if self.attention not in ATTENTION_IMPLS:
+            raise ValueError(f"Qwen3Config.attention={self.attention!r}; expected one of {ATTENTION_IMPLS}")
+        if isinstance(self.eos_token_id, list):
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+
+    @property
+    def compute_dtype(self):
+        """The jnp dtype of activations and matmul inputs."""
+        return DTYPES[self.dtype]
+
+    def replace(self, **kw) -> "Qwen3Config":
+        """A copy with fields replaced (validated again)."""
+        return dataclasses.replace(self, **kw)
+
+    # ---- HF config.json ---------------------------------------------------------------------
+    @classmethod
+    def from_hf_dict(cls, d: dict, **runtime) -> "Qwen3Config":
+        """Reads an HF config.json dict (transformers v4 ``rope_theta``/``rope_scaling`` keys or
+        v5 ``rope_parameters``). ``runtime`` sets dtype/remat/attention.
+
+        Raises ValueError for a model_type other than qwen3, a missing field, biases, sliding
+        window attention, a non-SiLU activation, or a RoPE scaling type other than default.
+        """
+        mt = d.get("model_type", "qwen3")
+        if mt != "qwen3":
+            raise ValueError(f"config model_type={mt!r}; only dense 'qwen3' is supported")
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(
+                f"config rope type {rope_type!r} is not implemented (only 'default' RoPE); remove "
+                "rope_scaling / rope_parameters.rope_type from config.json")
+        theta = rope.get("rope_theta", d.get("rope_theta"))
+        if theta is None:
+            raise ValueError("config has neither rope_theta nor rope_parameters.rope_theta")
+        if d.get("attention_bias", False):
+            raise ValueError("config attention_bias=true is not supported (Qwen3 has no biases)")
+        if d.get("use_sliding_window", False):
+            raise ValueError("config use_sliding_window=true is not supported")
+        if d.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"config hidden_act={d.get('hidden_act')!r}; only 'silu' is supported")
+        kw = {}
+        for f in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                  "num_attention_heads", "num_key_value_heads", "head_dim"):
+            if f not in d:
+                raise ValueError(f"config.json has no {f!r} (head_dim is never derived from hidden_size)")
+            kw[f] = int(d[f])
+        for f in ("rms_norm_eps", "max_position_embeddings", "tie_word_embeddings", "bos_token_id",
+                  "eos_token_id"):
+            if f in d:
+                kw[f] = d[f]
+        kw["rope_theta"] = float(theta)
+        kw["tie_word_embeddings"] = bool(d.get("tie_word_embeddings", False))
+        return cls(**kw, **runtime)
+
+    @classmethod
+    def from_pretrained(cls, path: str, **runtime) -> "Qwen3Config":
+        """Reads ``path/config.json`` (or ``path`` itself if it is a file); see :meth:`from_hf_dict`."""
+        fn = os.path.join(path, "config.json") if os.path.isdir(path) else path
+        with open(fn) as f:
+            return cls.from_hf_dict(json.load(f), **runtime)
+
+    def to_hf_dict(self, torch_dtype: str = "bfloat16") -> dict:
+        """An HF config.json dict for ``Qwen3ForCausalLM`` (v4-style keys, which v5 also reads)."""
+        eos = list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id
+        return {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": None,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "max_window_layers": self.num_hidden_layers,
+            "initializer_range": 0.02,
+            "use_cache": True,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": eos,
+            "torch_dtype": torch_dtype,
+        }
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "Qwen3Config":
+        """The config of a released Qwen3 size: one of :data:`PRESETS` (e.g. ``'8B'``, ``'tiny'``)."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown Qwen3 preset {name!r}; expected one of {sorted(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+_COMMON = dict(vocab_size=151936, head_dim=128, num_key_value_heads=8, max_position_embeddings=40960,
+               rope_theta=1_000_000.0, rms_norm_eps=1e-6)
+# Shapes of the released Qwen/Qwen3-* config.json files.
+PRESETS: dict[str, dict] = {
+    "0.6B": dict(_COMMON, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                 num_attention_heads=16, tie_word_embeddings=True),
+    "1.7B": dict(_COMMON, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                 num_attention_heads=16, tie_word_embeddings=True),
+    "4B": dict(_COMMON, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+               num_attention_heads=32, tie_word_embeddings=True),
+    "8B": dict(_COMMON, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+               num_attention_heads=32, tie_word_embeddings=False),
+    "14B": dict(_COMMON, hidden_size=5120, intermediate_size=17408, num_hidden_layers=40,
+                num_attention_heads=40, tie_word_embeddings=False),
+    "32B": dict(_COMMON, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
+                num_attention_heads=64, tie_word_embeddings=False),
+    "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                 rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                 dtype="float32", remat="none"),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# nnx module (params + logical-axis metadata)
+# --------------------------------------------------------------------------------------------
+
+def _normal(rngs, shape, std=0.02):
+    return std * jax.random.normal(rngs.params(), shape, jnp.float32)
+
+
+class RMSNorm(nnx.Module):
+    """Holds an RMSNorm ``scale`` (init 1) of shape ``prefix + (dim,)``; math in :func:`rms_norm`."""
+
+    def __init__(self, dim: int, axis: str, prefix: tuple[int, ...] = (), prefix_axes: tuple = ()):
+        self.scale = nnx.Param(jnp.ones(prefix + (dim,), jnp.float32), logical_axes=prefix_axes + (axis,))
+
+
+class Qwen3Layers(nnx.Module):
+    """All decoder layers' params stacked on a leading ``[L]`` axis (run with ``lax.scan``)."""
+
+    def __init__(self, cfg: Qwen3Config, rngs: nnx.Rngs):
+        L, E, I = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size
+        Nq, Nkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        lp, la = (L,), ("layers",)
+        self.input_layernorm = RMSNorm(E, "embed", lp, la)
+        self.q_proj = nnx.Param(_normal(rngs, (L, E, Nq, D)), logical_axes=la + ("embed", "heads", "head_dim"))
+        self.k_proj = nnx.Param(_normal(rngs, (L, E, Nkv, D)), logical_axes=la + ("embed", "kv_heads", "head_dim"))
+        self.v_proj = nnx.Param(_normal(rngs, (L, E, Nkv, D)), logical_axes=la + ("embed", "kv_heads", "head_dim"))
+        self.o_proj = nnx.Param(_normal(rngs, (L, Nq, D, E)), logical_axes=la + ("heads", "head_dim", "embed"))
+        self.q_norm = RMSNorm(D, "head_dim", lp, la)
+        self.k_norm = RMSNorm(D, "head_dim", lp, la)
+        self.post_attention_layernorm = RMSNorm(E, "embed", lp, la)
+        self.gate_proj = nnx.Param(_normal(rngs, (L, E, I)), logical_axes=la + ("embed", "mlp"))
+        self.up_proj = nnx.Param(_normal(rngs, (L, E, I)), logical_axes=la + ("embed", "mlp"))
+        self.down_proj = nnx.Param(_normal(rngs, (L, I, E)), logical_axes=la + ("mlp", "embed"))
+
+
+class Qwen3(nnx.Module):
+    """Qwen3ForCausalLM. ``model(tokens, positions, segment_ids)`` -> float32 logits ``[B, T, V]``.
+
+    Weights are initialised N(0, 0.02²) (HF ``initializer_range``) and norms to 1; real weights
+    come from :func:`jaxrl.models.hf_io.load_hf_checkpoint`.
+    """
+
+    def __init__(self, cfg: Qwen3Config, rngs: nnx.Rngs):
+        self.config = cfg
+        self.embed_tokens = nnx.Param(_normal(rngs, (cfg.vocab_size, cfg.hidden_size)),
+                                      logical_axes=("vocab", "embed"))
+        self.layers = Qwen3Layers(cfg, rngs)
+        self.norm = RMSNorm(cfg.hidden_size, "embed")
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nnx.Param(_normal(rngs, (cfg.hidden_size, cfg.vocab_size)),
+                                     logical_axes=("embed", "vocab"))
+
+    def __call__(self, tokens, positions, segment_ids):
+        return forward(to_params(self), self.config, tokens, positions, segment_ids)
+
+
+def to_params(model: nnx.Module) -> dict:
+    """The module's params as a pure nested dict of arrays (layout in the module docstring)."""
+    return nnx.state(model, nnx.Param).to_pure_dict()
+
+
+def split(model: nnx.Module):
+    """``(graphdef, params)``: params as a pure dict; :func:`merge` rebuilds the module."""
+    graphdef, state = nnx.split(model)
+    return graphdef, state.to_pure_dict()
+
+
+def merge(graphdef, params: dict) -> nnx.Module:
+    """Inverse of :func:`split`: a module whose params are the arrays in ``params`` (metadata
+    such as ``logical_axes`` comes from ``graphdef``)."""
+    return nnx.merge(graphdef, nnx.State(params))
+
+
+def abstract_model(cfg: Qwen3Config) -> Qwen3:
+    """A Qwen3 module whose params are ShapeDtypeStructs (no memory allocated)."""
+    return nnx.eval_shape(lambda: Qwen3(cfg, nnx.Rngs(0)))
+
+
+def abstract_params(cfg: Qwen3Config) -> dict:
+    """Param tree of ``jax.ShapeDtypeStruct`` (float32) for ``cfg``."""
+    return nnx.state(abstract_model(cfg), nnx.Param).to_pure_dict()
+
+
+def param_logical_axes(cfg: Qwen3Config) -> dict:
+    """Param tree of logical-axis-name tuples, read from the module's nnx metadata."""
+    return parallel.logical_axes_of(abstract_model(cfg))
+
+
+def init_params(cfg: Qwen3Config, seed: int = 0, shardings: dict | None = None) -> dict:
+    """Random fp32 params (see :class:`Qwen3`), created directly with ``shardings`` if given
+    (a tree of NamedSharding, e.g. from :func:`jaxrl.parallel.param_shardings`)."""
+    fn = jax.jit(lambda: to_params(Qwen3(cfg, nnx.Rngs(seed))), out_shardings=shardings)
+    return fn()
+
+
+# --------------------------------------------------------------------------------------------
+# Pure-function forward pass
+# --------------------------------------------------------------------------------------------
+
+def rms_norm(x, scale, eps: float):
+    """HF Qwen3RMSNorm: ``(x32 * rsqrt(mean(x32², -1) + eps)).astype(x.dtype) * scale.astype(x.dtype)``.
+
+    The cast back to the input dtype happens *before* the weight multiply (HF rounding order).
+    """
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return scale.astype(x.dtype) * y.astype(x.dtype)
+
+
+def rope_cos_sin(positions, head_dim: int, theta: float, dtype):
+    """RoPE tables for integer ``positions [B, S]`` -> ``cos, sin [B, S, head_dim]`` in ``dtype``.
+
+    ``inv_freq_j = theta^(-2j/head_dim)``, angles ``pos * inv_freq`` in float32, duplicated over the
+    two halves (HF ``cat(freqs, freqs)``), then cast to the compute dtype as HF does.
+    """
+    inv = (1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)).astype(np.float32)
+    ang = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv)
+    emb = jnp.concatenate([ang, ang], axis=-1)
+    return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
+
+
+def apply_rope(x, cos, sin):
+    """``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``; x ``[B,S,N,D]``."""
+    d = x.shape[-1] // 2
+    rot = jnp.concatenate([-x[..., d:], x[..., :d]], axis=-1)
+    return x * cos[:, :, None, :] + rot * sin[:, :, None, :]
+
+
+def attention(q, k, v, mask, impl: str = "xla"):
+    """Grouped-query softmax attention with an explicit boolean mask.
+
+    Args:
+      q: ``[B, S, Nq, D]``; k, v: ``[B, C, Nkv, D]`` (Nq a multiple of Nkv); same dtype.
+      mask: ``[B, S, C]`` bool, True where query s may attend key c. A query row with no allowed
+        key gets a uniform average (finite; such rows are padding and never used).
+      impl: ``'xla'`` (scores and softmax in float32) or ``'cudnn'``.
+    Returns ``[B, S, Nq, D]`` in q's dtype. Scale ``D**-0.5`` (Vaswani et al. 2017, eq. 1).
+    """
+    B, S, Nq, D = q.shape
+    Nkv = k.shape[2]
+    if impl == "cudnn":
+        return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="cudnn")
+    qg = q.reshape(B, S, Nkv, Nq // Nkv, D)
+    s = jnp.einsum("bskgd,bckd->bkgsc", qg, k, preferred_element_type=jnp.float32) * (D ** -0.5)
+    s = jnp.where(mask[:, None, None], s, jnp.finfo(jnp.float32).min)
+    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+    o = jnp.einsum("bkgsc,bckd->bskgd", p, v)
+    return o.reshape(B, S, Nq, D)
+
+
+def segment_mask(segment_ids):
+    """``[B, T]`` segment ids -> ``[B, T, T]`` causal, same-segment, non-padding (id != 0) mask."""
+    T = segment_ids.shape[1]
+    idx = jnp.arange(T)
+    causal = idx[:, None] >= idx[None, :]
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return causal[None] & same & (segment_ids[:, None, :] != 0)
+
+
+def _layer(cfg: Qwen3Config, p: dict, x, cos, sin, attend):
+    """One decoder layer on residual ``x [B, S, E]``; ``attend(q, k, v) -> (out, aux)``."""
+    dt = cfg.compute_dtype
+    eps = cfg.rms_norm_eps
+    h = rms_norm(x, p["input_layernorm"]["scale"], eps)
+    q = jnp.einsum("bse,end->bsnd", h, p["q_proj"].astype(dt))
+    k = jnp.einsum("bse,end->bsnd", h, p["k_proj"].astype(dt))
+    v = jnp.einsum("bse,end->bsnd", h, p["v_proj"].astype(dt))
+    q = apply_rope(rms_norm(q, p["q_norm"]["scale"], eps), cos, sin)
+    k = apply_rope(rms_norm(k, p["k_norm"]["scale"], eps), cos, sin)
+    a, aux = attend(q, k, v)
+    x = x + jnp.einsum("bsnd,nde->bse", a, p["o_proj"].astype(dt))
+    h = rms_norm(x, p["post_attention_layernorm"]["scale"], eps)
+    g = jnp.einsum("bse,ei->bsi", h, p["gate_proj"].astype(dt))
+    u = jnp.einsum("bse,ei->bsi", h, p["up_proj"].astype(dt))
+    x = x + jnp.einsum("bsi,ie->bse", jax.nn.silu(g) * u, p["down_proj"].astype(dt))
+    return parallel.constrain(x, ("batch", None, None)), aux
+
+
+def _embed(params, cfg: Qwen3Config, tokens):
+    table = params["embed_tokens"].astype(cfg.compute_dtype)
+    # Gathering from a table sharded on both axes forces a full rematerialization in SPMD;
+    # keep it sharded over the vocabulary only for the lookup.
+    table = parallel.constrain(table, ("vocab", None))
+    return parallel.constrain(jnp.take(table, tokens, axis=0), ("batch", None, None))
+
+
+def lm_head_weight(params: dict, cfg: Qwen3Config):
+    """The output projection ``[E, V]`` (fp32 master): ``lm_head`` or, when tied, ``embed_tokens.T``."""
+    return params["embed_tokens"].T if cfg.tie_word_embeddings else params["lm_head"]
+
+
+def _remat(fn, policy: str):
+    if policy == "none":
+        return fn
+    pol = {"full": jax.checkpoint_policies.nothing_saveable,
+           "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[policy]
+    return jax.checkpoint(fn, policy=pol, prevent_cse=False)
+
+
+def hidden_states(params: dict, cfg: Qwen3Config, tokens, positions, segment_ids):
+    """Final-norm hidden states ``[B, T, E]`` in the compute dtype (input of the lm_head).
+
+    Args:
+      tokens: ``[B, T]`` int32 token ids.
+      positions: ``[B, T]`` int32 RoPE positions (restart at 0 for each packed sequence;
+        ``cumsum(mask) - 1`` for left-padded rows).
+      segment_ids: ``[B, T]`` int32; 0 = padding, >0 = sequence id within the row. Attention is
+        causal and never crosses segments, so right-, left-padded and packed rows all work.
+    """
+    x = _embed(params, cfg, tokens)
+    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg.compute_dtype)
+    mask = segment_mask(segment_ids)
+
+    def body(x, p):
+        x, _ = _layer(cfg, p, x, cos, sin, lambda q, k, v: (attention(q, k, v, mask, cfg.attention), None))
+        return x, None
+
+    x, _ = jax.lax.scan(_remat(body, cfg.remat), x, params["layers"])
+    return rms_norm(x, params["norm"]["scale"], cfg.rms_norm_eps)
+
+
+def forward(params: dict, cfg: Qwen3Config, tokens, positions, segment_ids):
+    """Logits ``[B, T, V]`` float32 (matmul in the compute dtype, float32 accumulation).
+
+    Inputs as in :func:`hidden_states`. Materializes ``[B, T, V]``: for training use
+    :func:`logprobs`, which never does.
+    """
+    h = hidden_states(params, cfg, tokens, positions, segment_ids)
+    w = lm_head_weight(params, cfg).astype(cfg.compute_dtype)
+    return jnp.einsum("bte,ev->btv", h, w, preferred_element_type=jnp.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# Chunked logprobs / entropy
+# --------------------------------------------------------------------------------------------
+
+def logprobs_from_hidden(hidden, head_w, targets, temperature: float = 1.0, chunk_size: int = 512):
+    """Log-probabilities of ``targets`` and entropies under ``softmax(logits / temperature)``.
+
+    ``logits = hidden @ head_w`` (float32 accumulation). Computed over chunks of ``chunk_size``
+    sequence positions with a rematerialized ``lax.scan``, so neither the forward nor the
+    backward pass holds more than ``[B, chunk_size, V]`` float32 logits at once.
+
+    Args:
+      hidden: ``[B, T, E]``; head_w: ``[E, V]`` (cast to hidden's dtype); targets: ``[B, T]`` int.
+      temperature: > 0 (python float or scalar array).
+      chunk_size: positions per chunk; need not divide T (the tail is padded).
+    Returns:
+      ``(logprobs [B, T] float32, entropy [B, T] float32)`` with
+      ``logprob = z_y - logsumexp(z)``, ``entropy = logsumexp(z) - Σ softmax(z)·z``, ``z = logits / T``.
+    """
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    B, T, E = hidden.shape
+    c = min(chunk_size, T)
+    n = -(-T // c)
+    pad = n * c - T
+    w = head_w.astype(hidden.dtype)
+    h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(B, n, c, E).swapaxes(0, 1)
+    t = jnp.pad(targets.astype(jnp.int32), ((0, 0), (0, pad))).reshape(B, n, c).swapaxes(0, 1)
+
+    def chunk(_, xs):
+        hc, tc = xs
+        z = jnp.einsum("bce,ev->bcv", hc, w, preferred_element_type=jnp.float32) / temperature
+        lse = jax.nn.logsumexp(z, axis=-1)
+        zy = jnp.take_along_axis(z, tc[..., None], axis=-1)[..., 0]
+        ent = lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
+        return None, (zy - lse, ent)
+
+    _, (lp, ent) = jax.lax.scan(jax.checkpoint(chunk, prevent_cse=False), None, (h, t))
+    lp = lp.swapaxes(0, 1).reshape(B, n * c)[:, :T]
+    ent = ent.swapaxes(0, 1).reshape(B, n * c)[:, :T]
+    return lp, ent
+
+
+def logprobs(params: dict, cfg: Qwen3Config, tokens, positions, segment_ids, targets=None,
+             temperature: float = 1.0, chunk_size: int = 512):
+    """Per-token log-probabilities and entropies of ``softmax(logits / temperature)`` (float32).
+
+    Args:
+      tokens, positions, segment_ids: ``[B, T]`` int32 as in :func:`hidden_states`.
+      targets: ``[B, T]`` int32 token scored at each position; default ``None`` means next-token
+        targets, and the outputs are then **target-aligned** ``[B, T-1]`` (entry t is the logprob
+        of ``tokens[:, t+1]`` given the prefix, DESIGN.md §3).
+      temperature, chunk_size: see :func:`logprobs_from_hidden`.
+    Returns ``(logprobs, entropy)``, both ``[B, T]`` (or ``[B, T-1]`` for next-token targets).
+    """
+    h = hidden_states(params, cfg, tokens, positions, segment_ids)
+    if targets is None:
+        h, targets = h[:, :-1], tokens[:, 1:]
+    return logprobs_from_hidden(h, lm_head_weight(params, cfg), targets, temperature, chunk_size)
+
+
+# --------------------------------------------------------------------------------------------
+# KV-cache path (rollout sampler)
+# --------------------------------------------------------------------------------------------
+
+class CacheOutput(NamedTuple):
+    """Result of :func:`forward_with_cache`.
+
+    logits: ``[B, S, V]`` float32 (``[B, 1, V]`` for the last new token when ``last_only``).
+    hidden: final-norm hidden states, same positions as logits, ``[B, S|1, E]`` compute dtype.
+    cache: the updated cache ``{'k', 'v'}`` (new K/V written at ``write_index``).
+    cache_mask: ``[B, C]`` bool, valid slots after this call (old valid slots outside the
+      written range, plus the written slots whose ``token_mask`` is True).
+    """
+
+    logits: Any
+    hidden: Any
+    cache: dict
+    cache_mask: Any
+
+
+def init_cache(cfg: Qwen3Config, batch: int, max_len: int, dtype=None) -> dict:
+    """Zeroed KV cache ``{'k': [L, B, C, Nkv, D], 'v': [L, B, C, Nkv, D]}``, C = ``max_len`` slots,
+    dtype defaults to the compute dtype. Keys are stored after q/k-norm and RoPE."""
+    dtype = cfg.compute_dtype if dtype is None else dtype
+    shape = (cfg.num_hidden_layers, batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+
+
+def forward_with_cache(params: dict, cfg: Qwen3Config, tokens, positions, token_mask, cache: dict,
+                       cache_mask, write_index, last_only: bool = False) -> CacheOutput:
+    """Runs new tokens against a KV cache (prefill with S = prompt bucket, decode with S = 1).
+
+    Signature::
+
+        forward_with_cache(params, cfg, tokens[B,S] int32, positions[B,S] int32,
+                           token_mask[B,S] bool, cache{'k','v': [L,B,C,Nkv,D]},
+                           cache_mask[B,C] bool, write_index int32 scalar, last_only=False)
+            -> CacheOutput(logits [B,S,V] f32 (or [B,1,V] if last_only),
+                           hidden [B,S|1,E], cache, cache_mask [B,C] bool)
+
+    Semantics: the K/V of the S new tokens are written into slots
+    ``[write_index, write_index + S)`` of every row (the caller guarantees
+    ``write_index + S <= C``; under jit an overflow cannot raise and would be clamped).
+    New token s attends to every slot c with ``cache_mask[b, c]`` outside the written range, and
+    to new tokens s' <= s with ``token_mask[b, s']`` (causal among the new tokens). Pad tokens
+    (``token_mask`` False, e.g. the left padding of a prompt) are never attended to; their own
+    outputs are meaningless. ``positions`` are the RoPE positions of the new tokens (for a
+    left-padded prompt: ``cumsum(token_mask) - 1``, then continuing by 1 per decoded token).
+    Fully jittable with static shapes (``cfg`` and ``last_only`` static); donate ``cache``.
+    """
+    B, S = tokens.shape
+    C = cache["k"].shape[2]
+    dt = cfg.compute_dtype
+    w = jnp.asarray(write_index, jnp.int32)
+    token_mask = token_mask.astype(bool)
+    slot = jnp.arange(C)
+    rel = slot - w                                           # new-token index held by each slot
+    in_new = (rel >= 0) & (rel < S)                          # [C]
+    old_valid = cache_mask.astype(bool) & ~in_new[None]      # [B, C]
+    new_valid = in_new[None] & jnp.take(token_mask, jnp.clip(rel, 0, S - 1), axis=1)  # [B, C]
+    causal = rel[None, :] <= jnp.arange(S)[:, None]          # [S, C]
+    mask = old_valid[:, None, :] | (new_valid[:, None, :] & causal[None])              # [B, S, C]
+
+    x = _embed(params, cfg, tokens)
+    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dt)
+
+    def body(x, xs):
+        p, ck, cv = xs
+
+        def attend(q, k, v):
+            ck2 = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, w, 0, 0))
+            cv2 = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, w, 0, 0))
+            out = attention(q, ck2.astype(dt), cv2.astype(dt), mask, cfg.attention)
+            return out, (ck2, cv2)
+
+        return _layer(cfg, p, x, cos, sin, attend)
+
+    x, (k_new, v_new) = jax.lax.scan(body, x, (params["layers"], cache["k"], cache["v"]))
+    if last_only:
+        x = x[:, -1:]
+    h = rms_norm(x, params["norm"]["scale"], cfg.rms_norm_eps)
+    logits = jnp.einsum("bte,ev->btv", h, lm_head_weight(params, cfg).astype(dt),
+                        preferred_element_type=jnp.float32)
+    return CacheOutput(logits, h, {"k": k_new, "v": v_new}, old_valid | new_valid)

@@ -1,0 +1,688 @@
+"""Policy losses, mini-batch reductions, KL and entropy terms, off-policy correction.
+
+All arrays are target-aligned [N, T] (DESIGN.md §3: entry t scores the prediction of token t+1;
+T here is the padded width minus one), one trajectory per row, float32 unless stated:
+`logprobs` (log π_θ, differentiable), `old_logprobs` (log π_old, recomputed by the trainer),
+`advantages`, `loss_mask` (bool or 0/1), optional `rollout_logprobs` (log μ from the rollout
+engine), `ref_logprobs` (log π_ref) and `entropy` (per-token entropy of π_θ).
+
+How the trainer uses this module (the mini-batch contract, DESIGN.md §4)
+-------------------------------------------------------------------------
+1. Once per mini-batch, BEFORE splitting it into micro-batches or sharding it:
+       weights = compute_loss_weights(loss_mask_of_whole_minibatch, config, sequence_mask)
+   `weights` is a `LossWeights` of row-aligned arrays ([N, T] and [N]); every normaliser
+   (token count, sequence count, per-sequence length, max_seq_len) is folded into them.
+2. Split `weights` by rows together with the batch (or shard both along the batch axis).
+3. For each micro-batch: `loss, metrics = micro_batch_loss(..., weights=micro_weights, config)`.
+   The loss is a plain weighted SUM over the micro-batch's tokens, so
+       Σ_micro-batches loss == loss of the whole mini-batch, and so are the gradients.
+   Accumulate gradients by SUMMING (never averaging) over micro-batches, and sum (psum) over
+   data-parallel devices; a `jax.jit` of the whole mini-batch with the batch axis sharded does
+   this automatically. Do not divide by the number of micro-batches or devices.
+4. Combine the metrics of micro-batches / devices with `combine_metrics` (sum, except keys
+   ending in `_max` / `_min`, which combine by max / min).
+
+This is SkyRL's "loss reduction via advantage normalisation" (reference/skyrl.md §3) made
+explicit: instead of pre-scaling advantages, the per-token weights are passed alongside, which
+also covers the KL and entropy terms and the metrics.
+
+Numerics follow SkyRL (reference/skyrl.md §2, §4, §5): ratios are exp(clamp(Δ, −20, 20)) in
+float32; k3 is clamped (±20 inside, ±10 outside); the GSPO log-weight is clamped to ≤ 10.
+Masked entries never contribute: every input is passed through `jnp.where(loss_mask, x, 0)`
+before any exp/log/arithmetic, so NaN/inf at masked positions reach neither the loss nor the
+gradient.
+
+Deliberate differences from SkyRL:
+  * KL term: same estimator, but normalised as a global SEQUENCE mean over the mini-batch (SkyRL:
+    a per-micro-batch sequence mean weighted by micro-batch size, which equals it when
+    micro-batches are equal-sized). Entropy: a global TOKEN mean over the mini-batch (SkyRL: a
+    per-micro-batch token mean weighted by micro-batch size, which depends on micro-batching).
+  * Ratio metrics (`ratio_*`, `is_ratio_*`, `cispo/ratio_*`) are means / max / min over loss
+    tokens only; SkyRL's `is_ratio_max/min/std` count masked positions as 0.
+  * No `use_kl_loss` / `use_entropy_loss` flags: a term is on iff its coefficient is non-zero,
+    and the reference model is needed iff `kl_loss_coef != 0` (`needs_reference_model`).
+  * `off_policy_untruncated_only` (new): apply the off-policy correction (TIS factor and
+    masks) only to rows whose `is_truncated` is False.
+  * Rows are trajectories: sequence-level quantities (sequence_mean, GSPO, sequence TIS,
+    sequence masks) are per ROW, so rows must not pack several trajectories when they are used.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl.rl.registry import (
+    get_loss_reduction,
+    get_policy_loss,
+    register_loss_reduction,
+    register_policy_loss,
+)
+
+LOG_RATIO_CLAMP = 20.0  # SkyRL safe_exp_delta
+GSPO_LOG_WEIGHT_MAX = 10.0
+KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
+TIS_RATIO_TYPES = (None, "token", "sequence")
+SEQUENCE_MASK_METRICS = (None, "geometric", "product")
+CISPO_ANCHORS = ("old", "rollout")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Options of the policy objective (hashable: pass it as a static jit argument).
+
+    Names follow SkyRL's `trainer.algorithm.*` keys so recipes port over.
+
+    Attributes:
+      policy_loss_type: registry name: "regular", "dual_clip", "gspo", "cispo" or custom.
+      loss_reduction: "token_mean", "sequence_mean", "seq_mean_token_sum_norm" (alias
+        "seq_mean_token_sum_norm_global") or a custom registered reduction.
+      max_seq_len: the constant of `seq_mean_token_sum_norm` (total sequence budget, e.g. the
+        context length). Required for it; never inferred from the padded width.
+      eps_clip_low, eps_clip_high: PPO clip range [1 − eps_clip_low, 1 + eps_clip_high]; they are
+        independent (e.g. 0.2 / 0.05 or 0.2 / 0.28). 0 <= eps_clip_low < 1, eps_clip_high >= 0.
+      clip_ratio_c: dual-clip constant c > 1 (Ye et al. 2020): for A < 0 the loss is capped at
+        −c·A.
+      cispo_eps_clip_low, cispo_eps_clip_high: CISPO weight clamp [1 − low, 1 + high] (ScaleRL
+        defaults 1.0 / 4.0, i.e. [0, 5]).
+      cispo_anchor: "old" (r = π/π_old) or "rollout" (r = π/μ; incompatible with TIS).
+      kl_loss_coef: coefficient of the KL(π_θ ‖ π_ref) loss term; 0 disables it (and the ref model).
+      kl_estimator_type: "k1", "k2", "k3" or "abs" (see `kl_penalty`).
+      entropy_loss_coef: coefficient of the entropy bonus (loss −= coef · entropy); 0 disables it.
+      tis_ratio_type: None, "token" or "sequence" truncated importance sampling between π_old and
+        μ (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL").
+      token_tis_ratio_clip_high, sequence_tis_ratio_clip_high: TIS caps (SkyRL defaults 2 and 5).
+      off_policy_untruncated_only: apply TIS and the off-policy masks only to rows whose
+        `is_truncated` is False (the `is_truncated` input is then required).
+      outlier_token_is_threshold_low / _high: drop a whole row if any loss token has
+        ρ = π_old/μ below low / above high (either may be None).
+      token_mask_is_threshold_low / _high: (both or neither) drop single tokens with ρ outside
+        [low, high] (IcePop).
+      sequence_mask_metric: None, "geometric" (drop a row whose geometric-mean ρ is outside
+        [geo_mask_low, geo_mask_high]) or "product" (product of ρ outside
+        [product_mask_low, product_mask_high]).
+    """
+
+    policy_loss_type: str = "regular"
+    loss_reduction: str = "token_mean"
+    max_seq_len: Optional[int] = None
+    eps_clip_low: float = 0.2
+    eps_clip_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    cispo_eps_clip_low: float = 1.0
+    cispo_eps_clip_high: float = 4.0
+    cispo_anchor: str = "old"
+    kl_loss_coef: float = 0.0
+    kl_estimator_type: str = "k3"
+    entropy_loss_coef: float = 0.0
+    tis_ratio_type: Optional[str] = None
+    token_tis_ratio_clip_high: float = 2.0
+    sequence_tis_ratio_clip_high: float = 5.0
+    off_policy_untruncated_only: bool = False
+    outlier_token_is_threshold_low: Optional[float] = None
+    outlier_token_is_threshold_high: Optional[float] = None
+    token_mask_is_threshold_low: Optional[float] = None
+    token_mask_is_threshold_high: Optional[float] = None
+    sequence_mask_metric: Optional[str] = None
+    geo_mask_low: float = 0.99
+    geo_mask_high: float = 1.01
+    product_mask_low: float = 0.5
+    product_mask_high: float = 2.0
+
+    def __post_init__(self):
+        if self.loss_reduction == "seq_mean_token_sum_norm_global":
+            object.__setattr__(self, "loss_reduction", "seq_mean_token_sum_norm")
+        if self.loss_reduction == "seq_mean_token_sum_norm":
+            if self.max_seq_len is None:
+                raise ValueError(
+                    "loss_reduction='seq_mean_token_sum_norm' needs max_seq_len: set it to the "
+                    "constant sequence budget (e.g. the model context length), not the padded width."
+                )
+        if self.max_seq_len is not None and (
+            isinstance(self.max_seq_len, bool) or not isinstance(self.max_seq_len, int) or self.max_seq_len < 1
+        ):
+            raise ValueError(f"max_seq_len must be a positive int, got {self.max_seq_len!r}.")
+        if not 0.0 <= self.eps_clip_low < 1.0:
+            raise ValueError(f"eps_clip_low must be in [0, 1), got {self.eps_clip_low}.")
+        if self.eps_clip_high < 0.0:
+            raise ValueError(f"eps_clip_high must be >= 0, got {self.eps_clip_high}.")
+        if self.clip_ratio_c <= 1.0:
+            raise ValueError(f"clip_ratio_c must be > 1, got {self.clip_ratio_c}.")
+        if not 0.0 <= self.cispo_eps_clip_low <= 1.0 or self.cispo_eps_clip_high < 0.0:
+            raise ValueError(
+                "cispo_eps_clip_low must be in [0, 1] and cispo_eps_clip_high >= 0, got "
+                f"{self.cispo_eps_clip_low}, {self.cispo_eps_clip_high}."
+            )
+        _check_choice("cispo_anchor", self.cispo_anchor, CISPO_ANCHORS)
+        _check_choice("kl_estimator_type", self.kl_estimator_type, KL_ESTIMATORS)
+        _check_choice("tis_ratio_type", self.tis_ratio_type, TIS_RATIO_TYPES)
+        _check_choice("sequence_mask_metric", self.sequence_mask_metric, SEQUENCE_MASK_METRICS)
+        if (self.token_mask_is_threshold_low is None) != (self.token_mask_is_threshold_high is None):
+            raise ValueError(
+                "token_mask_is_threshold_low and token_mask_is_threshold_high must be set together."
+            )
+        if self.token_tis_ratio_clip_high <= 0 or self.sequence_tis_ratio_clip_high <= 0:
+            raise ValueError("token_tis_ratio_clip_high and sequence_tis_ratio_clip_high must be > 0.")
+        if self.policy_loss_type == "cispo" and self.cispo_anchor == "rollout" and self.tis_ratio_type:
+            raise ValueError(
+                "cispo with cispo_anchor='rollout' already weights by π/μ; set tis_ratio_type=None "
+                "(TIS would double-count the rollout correction)."
+            )
+
+    @property
+    def uses_off_policy_correction(self) -> bool:
+        """True when any TIS factor or off-policy mask is enabled (rollout_logprobs required)."""
+        return (
+            self.tis_ratio_type is not None
+            or self.outlier_token_is_threshold_low is not None
+            or self.outlier_token_is_threshold_high is not None
+            or self.token_mask_is_threshold_low is not None
+            or self.sequence_mask_metric is not None
+        )
+
+
+def _check_choice(field, value, choices):
+    if value not in choices:
+        raise ValueError(f"{field} must be one of {choices}, got {value!r}.")
+
+
+def needs_reference_model(config: LossConfig) -> bool:
+    """True iff the loss has a KL-to-reference term (kl_loss_coef != 0)."""
+    return float(config.kl_loss_coef) != 0.0
+
+
+class LossWeights(NamedTuple):
+    """Per-token / per-row normalisation of one mini-batch (row-aligned: split it with the batch).
+
+    policy:        [N, T] weights of the configured `loss_reduction` (policy loss = Σ w·ℓ).
+    token:         [N, T] loss_mask / max(Σ loss_mask, 1): global token mean (entropy, metrics).
+    sequence_token:[N, T] loss_mask / (B · max(L_i, 1)): global sequence mean (KL term).
+    sequence:      [N] sequence_mask / max(B, 1): mean over sequences (per-row metrics).
+    B = Σ sequence_mask (rows with an all-zero loss_mask still count, as in SkyRL), L_i = Σ_t m.
+    """
+
+    policy: jax.Array
+    token: jax.Array
+    sequence_token: jax.Array
+    sequence: jax.Array
+
+
+def _num_sequences(sequence_mask):
+    return jnp.maximum(jnp.sum(sequence_mask), 1.0)
+
+
+@register_loss_reduction("token_mean")
+def token_mean_weights(loss_mask, sequence_mask, config):
+    """w = m / max(Σ_{i,t} m, 1): Σ w·ℓ is the token mean over the whole mini-batch."""
+    return loss_mask / jnp.maximum(jnp.sum(loss_mask), 1.0)
+
+
+@register_loss_reduction("sequence_mean")
+def sequence_mean_weights(loss_mask, sequence_mask, config):
+    """w = m / (B · max(L_i, 1)): mean over sequences of each sequence's token mean."""
+    lengths = jnp.maximum(jnp.sum(loss_mask, axis=1, keepdims=True), 1.0)
+    return loss_mask * (sequence_mask[:, None] / (lengths * _num_sequences(sequence_mask)))
+
+
+@register_loss_reduction("seq_mean_token_sum_norm")
+def seq_mean_token_sum_norm_weights(loss_mask, sequence_mask, config):
+    """Dr. GRPO (Liu et al. 2025, eq. 3): w = m / (B · max_seq_len), max_seq_len a constant."""
+    if config.max_seq_len is None:
+        raise ValueError("seq_mean_token_sum_norm needs LossConfig.max_seq_len (a constant budget).")
+    return loss_mask * (sequence_mask[:, None] / (_num_sequences(sequence_mask) * float(config.max_seq_len)))
+
+
+# Accepted alias (SkyRL has no separate *_global variant: every reduction here is global).
+register_loss_reduction("seq_mean_token_sum_norm_global")(seq_mean_token_sum_norm_weights)
+
+
+def compute_loss_weights(loss_mask, config: LossConfig, sequence_mask=None) -> LossWeights:
+    """Normalisation of ONE WHOLE mini-batch; call it before splitting into micro-batches.
+
+    Args:
+      loss_mask: [N, T] (bool or 0/1), target-aligned, of the whole mini-batch; the mask BEFORE
+        any off-policy masking (off-policy masks do not renormalise, as in SkyRL).
+      config: LossConfig (`loss_reduction`, `max_seq_len`).
+      sequence_mask: optional [N] bool: False for padding rows added to reach a static shape
+        (they do not count in the number of sequences B). None = every row is a sequence.
+    Returns: LossWeights (float32).
+    Raises: ValueError for bad shapes, an unknown reduction or a missing max_seq_len.
+    """
+    loss_mask = jnp.asarray(loss_mask)
+    if loss_mask.ndim != 2:
+        raise ValueError(f"loss_mask must be [N, T], got shape {loss_mask.shape}.")
+    m = loss_mask.astype(bool).astype(jnp.float32)
+    if sequence_mask is None:
+        s = jnp.ones(m.shape[:1], jnp.float32)
+    else:
+        sequence_mask = jnp.asarray(sequence_mask)
+        if sequence_mask.shape != m.shape[:1]:
+            raise ValueError(f"sequence_mask must be [N] = {m.shape[:1]}, got {sequence_mask.shape}.")
+        s = sequence_mask.astype(bool).astype(jnp.float32)
+    m = m * s[:, None]
+    reduction = get_loss_reduction(config.loss_reduction)
+    policy = reduction(m, s, config)
+    return LossWeights(
+        policy=policy.astype(jnp.float32),
+        token=token_mean_weights(m, s, config),
+        sequence_token=sequence_mean_weights(m, s, config),
+        sequence=s / _num_sequences(s),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Policy losses. Inputs are sanitised (finite, 0 where masked); see register_policy_loss.
+# --------------------------------------------------------------------------------------------
+
+
+def _ratio(log_ratio, mask):
+    """exp(clamp(Δ, ±20)) with Δ replaced by 0 where masked (ratio 1)."""
+    return jnp.exp(jnp.clip(jnp.where(mask, log_ratio, 0.0), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+
+def _ppo_clip(ratio, advantages, config):
+    """PPO-clip per-token loss (Schulman et al. 2017, eq. 7) with independent ε_low / ε_high.
+
+    ℓ = max(−r·A, −clip(r, 1−ε_l, 1+ε_h)·A). The clipped branch is selected only where it is
+    strictly larger (at a tie the unclipped branch carries the gradient).
+    """
+    unclipped = -advantages * ratio
+    clipped = -advantages * jnp.clip(ratio, 1.0 - config.eps_clip_low, 1.0 + config.eps_clip_high)
+    is_clipped = clipped > unclipped
+    loss = jnp.where(is_clipped, clipped, unclipped)
+    f = lambda b: b.astype(jnp.float32)
+    metrics = {
+        "clip_ratio": f(is_clipped),
+        "clip_ratio_low": f(is_clipped & (ratio < 1.0 - config.eps_clip_low)),
+        "clip_ratio_high": f(is_clipped & (ratio > 1.0 + config.eps_clip_high)),
+        "ratio_mean": ratio,
+        "ratio_max": ratio,
+        "ratio_min": ratio,
+    }
+    return loss, metrics
+
+
+@register_policy_loss("regular")
+def regular_loss(logprobs, old_logprobs, advantages, loss_mask, config, rollout_logprobs=None):
+    """PPO-clip: r = π_θ/π_old, ℓ = max(−r·A, −clip(r, 1−eps_clip_low, 1+eps_clip_high)·A).
+
+    Metrics: clip_ratio (fraction of loss tokens where the clipped branch is selected),
+    clip_ratio_low (…with r < 1−ε_l, i.e. A < 0), clip_ratio_high (r > 1+ε_h, A > 0), ratio_*.
+    """
+    ratio = _ratio(logprobs - old_logprobs, loss_mask)
+    return _ppo_clip(ratio, advantages, config)
+
+
+@register_policy_loss("dual_clip")
+def dual_clip_loss(logprobs, old_logprobs, advantages, loss_mask, config, rollout_logprobs=None):
+    """Dual-clip PPO (Ye et al. 2020, "Mastering complex control in MOBA games", eq. 5):
+    the `regular` loss, then for A < 0: ℓ = min(ℓ, −c·A), c = clip_ratio_c.
+
+    Metrics: those of `regular` (clip_ratio computed before the dual clip, as SkyRL) and
+    dual_clip_ratio (fraction of loss tokens where the −c·A cap is active).
+    """
+    ratio = _ratio(logprobs - old_logprobs, loss_mask)
+    loss, metrics = _ppo_clip(ratio, advantages, config)
+    cap = -config.clip_ratio_c * advantages
+    capped = (advantages < 0) & (cap < loss)
+    metrics["dual_clip_ratio"] = capped.astype(jnp.float32)
+    return jnp.where(capped, cap, loss), metrics
+
+
+@register_policy_loss("gspo")
+def gspo_loss(logprobs, old_logprobs, advantages, loss_mask, config, rollout_logprobs=None):
+    """GSPO-token (Zheng et al. 2025, arXiv 2507.18071, eq. 12-13): sequence-level ratio.
+
+    log s_i = Σ_t m·(logπ − logπ_old) / max(L_i, 1); per-token log weight
+    logπ_t − sg(logπ_t) + sg(log s_i), clamped to ≤ 10 (value s_i, gradient s_i·∇logπ_t), then
+    the PPO-clip formula with eps_clip_low / eps_clip_high. SkyRL recommends sequence_mean.
+    """
+    delta = jnp.where(loss_mask, logprobs - old_logprobs, 0.0)
+    length = jnp.maximum(jnp.sum(loss_mask, axis=1, keepdims=True), 1)
+    log_seq_ratio = jax.lax.stop_gradient(jnp.sum(delta, axis=1, keepdims=True) / length)
+    log_weight = logprobs - jax.lax.stop_gradient(logprobs) + log_seq_ratio
+    ratio = jnp.exp(jnp.minimum(jnp.where(loss_mask, log_weight, 0.0), GSPO_LOG_WEIGHT_MAX))
+    return _ppo_clip(ratio, advantages, config)
+
+
+@register_policy_loss("cispo")
+def cispo_loss(logprobs, old_logprobs, advantages, loss_mask, config, rollout_logprobs=None):
+    """CISPO (MiniMax-M1, arXiv 2506.13585, eq. 4): ℓ = −A · sg(clip(r, 1−ε_l^c, 1+ε_h^c)) · logπ.
+
+    r = π_θ/b with b = π_old (`cispo_anchor="old"`) or μ ("rollout"). Metrics: clip_ratio
+    (fraction of loss tokens with r outside the clamp), cispo/ratio_mean,
+    cispo/ratio_clamped_mean, cispo/ratio_max, cispo/ratio_min (over loss tokens only).
+    """
+    if config.cispo_anchor == "rollout":
+        if rollout_logprobs is None:
+            raise ValueError("cispo with cispo_anchor='rollout' needs rollout_logprobs.")
+        anchor = rollout_logprobs
+    else:
+        anchor = old_logprobs
+    ratio = _ratio(logprobs - anchor, loss_mask)
+    low, high = 1.0 - config.cispo_eps_clip_low, 1.0 + config.cispo_eps_clip_high
+    clamped = jax.lax.stop_gradient(jnp.clip(ratio, low, high))
+    loss = -advantages * clamped * logprobs
+    metrics = {
+        "clip_ratio": ((ratio < low) | (ratio > high)).astype(jnp.float32),
+        "cispo/ratio_mean": ratio,
+        "cispo/ratio_clamped_mean": clamped,
+        "cispo/ratio_max": ratio,
+        "cispo/ratio_min": ratio,
+    }
+    return loss, metrics
+
+
+# --------------------------------------------------------------------------------------------
+# KL, entropy, off-policy correction
+# --------------------------------------------------------------------------------------------
+
+
+def kl_penalty(logprobs, ref_logprobs, loss_mask, estimator: str = "k3"):
+    """Per-token KL(π_θ ‖ π_ref) estimate (Schulman 2020, "Approximating KL divergence").
+
+    With Δ = logπ − logπ_ref: k1 = Δ; abs = |Δ|; k2 = ½Δ²;
+    k3 = clamp(exp(x) − x − 1, −10, 10) with x = clamp(−Δ, −20, 20) (SkyRL / verl low_var_kl).
+    Differentiable in `logprobs`.
+
+    Args: logprobs, ref_logprobs float [N, T]; loss_mask [N, T]; estimator name.
+    Returns: float32 [N, T], 0 where masked (NaN/inf at masked positions do not leak).
+    Raises: ValueError for an unknown estimator.
+    """
+    _check_choice("kl_estimator_type", estimator, KL_ESTIMATORS)
+    mask = jnp.asarray(loss_mask).astype(bool)
+    delta = jnp.where(mask, jnp.asarray(logprobs, jnp.float32), 0.0) - jnp.where(
+        mask, jnp.asarray(ref_logprobs, jnp.float32), 0.0)
+    if estimator == "k1":
+        kl = delta
+    elif estimator == "abs":
+        kl = jnp.abs(delta)
+    elif estimator == "k2":
+        kl = 0.5 * delta * delta
+    else:
+        x = jnp.clip(-delta, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        kl = jnp.clip(jnp.exp(x) - x - 1.0, -10.0, 10.0)
+    return jnp.where(mask, kl, 0.0)
+
+
+def entropy_from_logits(logits):
+    """Entropy of softmax(logits) over the last axis: H = logsumexp(z) − Σ softmax(z)·z.
+
+    Args: logits float [..., V], already divided by the sampling temperature. Call it on chunks
+      of the sequence (never materialise [N, T, V] float32 for a large vocabulary).
+    Returns: float32 [...].
+    """
+    z = jnp.asarray(logits, jnp.float32)
+    lse = jax.nn.logsumexp(z, axis=-1)
+    p = jax.nn.softmax(z, axis=-1)
+    return lse - jnp.sum(p * z, axis=-1)
+
+
+def off_policy_correction(old_logprobs, rollout_logprobs, loss_mask, weights: LossWeights,
+                          config: LossConfig, is_truncated=None):
+    """TIS factors and off-policy masks between the trainer's π_old and the rollout engine's μ.
+
+    Uses ρ_t = π_old/μ = exp(clamp(logπ_old − logμ, ±20)) (never π_θ/μ), detached. Order as in
+    SkyRL `compute_off_policy_correction` (reference/skyrl.md §4):
+      1. outlier-token sequence mask: drop a row if any loss token has ρ < low or ρ > high;
+      2. token mask (IcePop): drop tokens with ρ outside [low, high];
+      3. TIS factor: "token" w_t = min(ρ_t, cap); "sequence" w_i = min(exp(clamp(Σ_t m_t log ρ_t,
+         ±20)), cap) over the tokens kept by 1–2;
+      4. sequence mask: "geometric" g_i = exp(Σ m log ρ / max(Σ m, 1)) kept iff in
+         [geo_mask_low, geo_mask_high]; "product" exp(clamp(Σ m log ρ, ±20)) in
+         [product_mask_low, product_mask_high].
+    With `off_policy_untruncated_only`, rows with is_truncated=True get factor 1 and are never
+    dropped by 1, 2 or 4.
+
+    Args: old_logprobs, rollout_logprobs float [N, T]; loss_mask [N, T]; weights (this
+      micro-batch's rows, for the metrics); config; is_truncated optional bool [N].
+    Returns: (factor [N, T] float32, kept_mask [N, T] bool, metrics dict of scalars, all
+      micro-batch-summable; keys ending in _max/_min combine by max/min).
+    Raises: ValueError if off_policy_untruncated_only and is_truncated is None.
+    """
+    mask = jnp.asarray(loss_mask).astype(bool)
+    log_rho = jnp.where(mask, jnp.asarray(old_logprobs, jnp.float32), 0.0) - jnp.where(
+        mask, jnp.asarray(rollout_logprobs, jnp.float32), 0.0)
+    log_rho = jax.lax.stop_gradient(jnp.clip(log_rho, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    rho = jnp.exp(log_rho)
+    if config.off_policy_untruncated_only:
+        if is_truncated is None:
+            raise ValueError(
+                "off_policy_untruncated_only=True needs is_truncated [N] (stop_reason != 'stop')."
+            )
+        row_applies = ~jnp.asarray(is_truncated).astype(bool)
+    else:
+        row_applies = jnp.ones(mask.shape[:1], bool)
+    applies = mask & row_applies[:, None]
+    tok = lambda x: jnp.sum(weights.token * x.astype(jnp.float32))
+    seq = lambda x: jnp.sum(weights.sequence * x.astype(jnp.float32))
+    metrics = {
+        "is_ratio_mean": tok(rho),
+        "is_ratio_max": jnp.max(jnp.where(mask, rho, -jnp.inf)),
+        "is_ratio_min": jnp.min(jnp.where(mask, rho, jnp.inf)),
+    }
+    keep = mask
+    low, high = config.outlier_token_is_threshold_low, config.outlier_token_is_threshold_high
+    if low is not None or high is not None:
+        over = jnp.any(applies & (rho > high), axis=1) if high is not None else jnp.zeros(mask.shape[:1], bool)
+        under = jnp.any(applies & (rho < low), axis=1) if low is not None else jnp.zeros(mask.shape[:1], bool)
+        dropped = over | under
+        keep = keep & ~dropped[:, None]
+        metrics.update(outlier_seq_masked_ratio=seq(dropped), outlier_seq_over_high_ratio=seq(over),
+                       outlier_seq_under_low_ratio=seq(under))
+    if config.token_mask_is_threshold_low is not None:
+        bad = applies & ((rho < config.token_mask_is_threshold_low) | (rho > config.token_mask_is_threshold_high))
+        keep = keep & ~bad
+        metrics["token_mask_ratio"] = tok(bad)
+    factor = jnp.ones(mask.shape, jnp.float32)
+    sum_log_rho = jnp.sum(jnp.where(keep, log_rho, 0.0), axis=1)
+    if config.tis_ratio_type == "token":
+        cap = config.token_tis_ratio_clip_high
+        factor = jnp.where(applies, jnp.minimum(rho, cap), 1.0)
+        metrics["tis_token_clip_high_ratio"] = tok(applies & (rho > cap))
+    elif config.tis_ratio_type == "sequence":
+        cap = config.sequence_tis_ratio_clip_high
+        seq_rho = jnp.exp(jnp.clip(sum_log_rho, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        factor = jnp.broadcast_to(jnp.where(row_applies, jnp.minimum(seq_rho, cap), 1.0)[:, None], mask.shape)
+        metrics["tis_seq_clip_high_ratio"] = seq(row_applies & (seq_rho > cap))
+    if config.sequence_mask_metric is not None:
+        if config.sequence_mask_metric == "geometric":
+            count = jnp.maximum(jnp.sum(keep, axis=1), 1)
+            value, lo, hi, name = jnp.exp(sum_log_rho / count), config.geo_mask_low, config.geo_mask_high, "geo"
+        else:
+            value = jnp.exp(jnp.clip(sum_log_rho, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+            lo, hi, name = config.product_mask_low, config.product_mask_high, "product"
+        over, under = row_applies & (value > hi), row_applies & (value < lo)
+        keep = keep & ~(over | under)[:, None]
+        metrics.update({f"{name}_sequence_mask_masked_ratio": seq(over | under),
+                        f"{name}_sequence_mask_over_high_ratio": seq(over),
+                        f"{name}_sequence_mask_under_low_ratio": seq(under)})
+    return jax.lax.stop_gradient(factor), keep, metrics
+
+
+# --------------------------------------------------------------------------------------------
+# The micro-batch loss
+# --------------------------------------------------------------------------------------------
+
+
+def _check_shape(name, x, shape):
+    if x is None:
+        return None
+    x = jnp.asarray(x)
+    if x.shape != shape:
+        raise ValueError(f"{name} must have shape {shape} (target-aligned like loss_mask), got {x.shape}.")
+    return x
+
+
+def micro_batch_loss(logprobs, old_logprobs, advantages, loss_mask, weights: LossWeights,
+                     config: LossConfig, *, rollout_logprobs=None, ref_logprobs=None,
+                     entropy=None, is_truncated=None):
+    """Loss of one micro-batch (or device shard) as a weighted SUM with mini-batch weights.
+
+    loss = Σ w_policy · ℓ_pg · tis · kept  +  kl_loss_coef · Σ w_seq_tok · kl
+           − entropy_loss_coef · Σ w_tok · H
+    where ℓ_pg is the per-token loss of `config.policy_loss_type`, tis / kept the off-policy
+    correction (if enabled) and w the rows of `compute_loss_weights` of the whole mini-batch.
+    Summing this over micro-batches (and devices) gives the mini-batch loss and gradient.
+
+    Args:
+      logprobs: float [N, T] log π_θ (the differentiable input).
+      old_logprobs: float [N, T] log π_old (detached).
+      advantages: float [N, T] (e.g. `broadcast_to_tokens(per_trajectory_advantages, loss_mask)`).
+      loss_mask: [N, T] bool or 0/1.
+      weights: the rows of this micro-batch of `compute_loss_weights(whole mini-batch)`.
+      config: LossConfig.
+      rollout_logprobs: [N, T] log μ; required by the off-policy correction and cispo-rollout.
+      ref_logprobs: [N, T] log π_ref; required iff kl_loss_coef != 0 (also gives the
+        `policy_kl` metric when present).
+      entropy: [N, T] per-token entropy of π_θ (`entropy_from_logits`); required iff
+        entropy_loss_coef != 0 (also gives the `entropy` metric when present).
+      is_truncated: [N] bool, stop_reason != "stop"; required iff off_policy_untruncated_only.
+    Returns:
+      (loss: float32 scalar, metrics: dict of float32 scalars). Metrics: loss, policy_loss,
+      approx_kl (token mean of k3(π_θ, π_old)), the policy loss's own metrics (clip_ratio,
+      clip_ratio_low/high, ratio_mean/max/min, ...), off-policy metrics, policy_kl, kl_loss,
+      entropy. Every metric is already normalised by the mini-batch (combine micro-batches by
+      summing), except keys ending in `_max` / `_min` (combine by max / min; −inf / +inf when the
+      micro-batch has no loss token).
+    Raises: ValueError for a shape mismatch, an unknown loss name or a missing required input.
+    """
+    loss_mask = jnp.asarray(loss_mask)
+    if loss_mask.ndim != 2:
+        raise ValueError(f"loss_mask must be [N, T], got shape {loss_mask.shape}.")
+    shape = loss_mask.shape
+    for name, x in (("logprobs", logprobs), ("old_logprobs", old_logprobs), ("advantages", advantages),
+                    ("rollout_logprobs", rollout_logprobs), ("ref_logprobs", ref_logprobs),
+                    ("entropy", entropy), ("weights.policy", weights.policy), ("weights.token", weights.token),
+                    ("weights.sequence_token", weights.sequence_token)):
+        _check_shape(name, x, shape)
+    _check_shape("weights.sequence", weights.sequence, shape[:1])
+    _check_shape("is_truncated", is_truncated, shape[:1])
+    loss_fn = get_policy_loss(config.policy_loss_type)
+
+    mask = loss_mask.astype(bool)
+    clean = lambda x: None if x is None else jnp.where(mask, jnp.asarray(x, jnp.float32), 0.0)
+    sg = jax.lax.stop_gradient
+    lp = clean(logprobs)
+    old = sg(clean(old_logprobs))
+    adv = sg(clean(advantages))
+    mu = None if rollout_logprobs is None else sg(clean(rollout_logprobs))
+
+    per_token, loss_metrics = loss_fn(lp, old, adv, mask, config, mu)
+    per_token = jnp.where(mask, per_token, 0.0)
+    metrics: Dict[str, jax.Array] = {}
+    for name, values in loss_metrics.items():
+        if name.endswith("_max"):
+            metrics[name] = jnp.max(jnp.where(mask, values, -jnp.inf))
+        elif name.endswith("_min"):
+            metrics[name] = jnp.min(jnp.where(mask, values, jnp.inf))
+        else:
+            metrics[name] = jnp.sum(weights.token * jnp.where(mask, values, 0.0))
+
+    if config.uses_off_policy_correction:
+        if mu is None:
+            raise ValueError(
+                "The off-policy correction (tis_ratio_type / outlier / token / sequence masks) "
+                "needs rollout_logprobs."
+            )
+        factor, kept, opc_metrics = off_policy_correction(old, mu, mask, weights, config, is_truncated)
+        per_token = jnp.where(kept, per_token * factor, 0.0)
+        metrics.update(opc_metrics)
+    elif mu is not None:
+        rho = jnp.exp(jnp.clip(old - mu, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        metrics.update(is_ratio_mean=jnp.sum(weights.token * jnp.where(mask, rho, 0.0)),
+                       is_ratio_max=jnp.max(jnp.where(mask, rho, -jnp.inf)),
+                       is_ratio_min=jnp.min(jnp.where(mask, rho, jnp.inf)))
+
+    policy_loss = jnp.sum(weights.policy * per_token)
+    loss = policy_loss
+    metrics["policy_loss"] = policy_loss
+    metrics["approx_kl"] = jnp.sum(weights.token * kl_penalty(sg(lp), old, mask, "k3"))
+
+    if needs_reference_model(config) and ref_logprobs is None:
+        raise ValueError("kl_loss_coef != 0 needs ref_logprobs (or set kl_loss_coef=0).")
+    if ref_logprobs is not None:
+        kl = kl_penalty(lp, sg(clean(ref_logprobs)), mask, config.kl_estimator_type)
+        kl_loss = jnp.sum(weights.sequence_token * kl)
+        metrics["policy_kl"] = sg(kl_loss)
+        if needs_reference_model(config):
+            loss = loss + config.kl_loss_coef * kl_loss
+            metrics["kl_loss"] = config.kl_loss_coef * sg(kl_loss)
+
+    if config.entropy_loss_coef != 0.0 and entropy is None:
+        raise ValueError("entropy_loss_coef != 0 needs the per-token entropy (or set entropy_loss_coef=0).")
+    if entropy is not None:
+        mean_entropy = jnp.sum(weights.token * clean(entropy))
+        metrics["entropy"] = sg(mean_entropy)
+        if config.entropy_loss_coef != 0.0:
+            loss = loss - config.entropy_loss_coef * mean_entropy
+    metrics["loss"] = loss
+    return loss, {k: sg(v) for k, v in metrics.items()}
+
+
+def minibatch_loss(logprobs, old_logprobs, advantages, loss_mask, config: LossConfig, *,
+                   sequence_mask=None, **kwargs):
+    """Loss of a whole mini-batch in one call: `micro_batch_loss` with its own weights.
+
+    Convenience for tests and notebooks; the trainer computes the weights once and splits them.
+    Keyword arguments are those of `micro_batch_loss`.
+    """
+    weights = compute_loss_weights(loss_mask, config, sequence_mask)
+    return micro_batch_loss(logprobs, old_logprobs, advantages, loss_mask, weights, config, **kwargs)
+
+
+def combine_metrics(a: Dict[str, jax.Array], b: Dict[str, jax.Array]) -> Dict[str, jax.Array]:
+    """Combine the metrics of two micro-batches / shards of the same mini-batch.
+
+    Keys ending in `_max` combine by max, `_min` by min, all others by sum (they are already
+    normalised by the whole mini-batch). Raises ValueError if the key sets differ.
+    """
+    if set(a) != set(b):
+        raise ValueError(f"combine_metrics needs the same keys; got {sorted(a)} and {sorted(b)}.")
+    out = {}
+    for k in a:
+        if k.endswith("_max"):
+            out[k] = jnp.maximum(a[k], b[k])
+        elif k.endswith("_min"):
+            out[k] = jnp.minimum(a[k], b[k])
+        else:
+            out[k] = a[k] + b[k]
+    return out
+
+
+def split_rows(tree, num_micro_batches: int):
+    """Split every array of a pytree along axis 0 into `num_micro_batches` equal contiguous parts.
+
+    Returns a list of pytrees. Raises ValueError if a leading dimension is not divisible.
+    """
+    leaves = [x for x in jax.tree.leaves(tree) if x is not None]
+    for x in leaves:
+        if x.shape[0] % num_micro_batches:
+            raise ValueError(
+                f"Cannot split {x.shape[0]} rows into {num_micro_batches} equal micro-batches."
+            )
+    return [
+        jax.tree.map(lambda x, i=i: jnp.split(x, num_micro_batches)[i], tree)
+        for i in range(num_micro_batches)
+    ]
+
+
+__all__ = [
+    "LossConfig",
+    "LossWeights",
+    "combine_metrics",
+    "compute_loss_weights",
+    "cispo_loss",
+    "dual_clip_loss",
+    "entropy_from_logits",
+    "gspo_loss",
+    "kl_penalty",
+    "micro_batch_loss",
+    "minibatch_loss",
+    "needs_reference_model",
+    "off_policy_correction",
+    "regular_loss",
+    "split_rows",
+]

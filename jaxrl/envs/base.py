@@ -1,0 +1,346 @@
+"""Environments, the Trajectory contract and the multi-turn rollout loop (DESIGN.md §1, §3).
+
+An environment is a conversation partner with a verifiable reward (SkyRL-Gym style):
+`reset(task) -> messages`, then `step(assistant_text) -> (observations, reward, done, info)`.
+
+`run_rollouts` turns tasks into `Trajectory`s, token-in / token-out:
+
+* the prompt is rendered once with the checkpoint's chat template (`ChatTemplate.encode_prompt`);
+* every turn, all live conversations are sent to the `Generator` in batched `generate` calls
+  (turn 0 sends each distinct prompt once with `n = n_samples_per_prompt`);
+* the sampled ids are appended exactly as returned (stop token included): `loss_mask` 1 and
+  `rollout_logprobs` = the engine's logprobs (μ) on them;
+* the text handed to the environment is the decoded turn with special tokens and any
+  `<think>...</think>` reasoning removed (`chat.split_thinking`);
+* observations are appended as the template tokens that close the assistant turn, render the new
+  messages and open the next assistant turn (`ChatTemplate.encode_observation`): `loss_mask` 0,
+  `rollout_logprobs` 0. Earlier tokens are never re-rendered or re-tokenized.
+
+So at every turn the tokens sent to the engine are exactly `prompt_ids + response_ids` so far,
+and the final trajectory is the last request plus the last completion (the prefix property).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from typing import Any, Callable, NamedTuple, Optional, Protocol, Sequence
+
+import numpy as np
+
+from jaxrl.envs.chat import ChatTemplate, Message, split_thinking
+from jaxrl.rollout.types import Completion, Generator, SamplingParams
+
+STOP_REASONS = ("stop", "length", "max_turns", "env_error")
+"""`stop`: the environment ended the episode after a turn that ended on a stop token.
+`length`: a token limit cut the episode (`info["truncated_by"]` is `max_tokens_per_turn` or
+`max_seq_len`). `max_turns`: the turn limit was reached with the episode still open.
+`env_error`: `env.step` raised (`info["error"]` holds the message); reward 0."""
+
+
+@dataclasses.dataclass
+class Task:
+    """One prompt of a dataset: what `Env.reset` starts from.
+
+    Attributes:
+      messages: the initial conversation (chat messages with `role` and `content`).
+      reward_spec: how the final answer is scored (see `jaxrl.envs.rewards`).
+      env: name of the environment in `jaxrl.envs.verifiable.ENV_REGISTRY` ("single_turn", "tool").
+      tools: names of tools in `jaxrl.envs.tools.BUILTIN_TOOLS` the env exposes (tool envs).
+      task_id: a stable identifier (for logs and split checks).
+      metadata: free-form extra data.
+    """
+
+    messages: list[Message]
+    reward_spec: dict
+    env: str = "single_turn"
+    tools: tuple[str, ...] = ()
+    task_id: str = ""
+    metadata: dict = dataclasses.field(default_factory=dict)
+
+
+class StepResult(NamedTuple):
+    """What `Env.step` returns; unpacks as `(observations, reward, done, info)`."""
+
+    observations: list[Message]
+    reward: float
+    done: bool
+    info: dict
+
+
+class Env(Protocol):
+    """A (possibly multi-turn) environment. One instance serves one trajectory.
+
+    Attributes:
+      tools: JSON schemas of the tools the model may call (rendered by the chat template into the
+        system prompt), or None; valid after `reset`.
+    """
+
+    tools: Optional[list[dict]]
+
+    def reset(self, task: Task) -> list[Message]:
+        """Starts an episode; returns the initial messages (the prompt)."""
+        ...
+
+    def step(self, assistant_text: str) -> StepResult:
+        """Consumes one assistant turn (final content, thinking removed)."""
+        ...
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """One rollout (DESIGN.md §3). Host-side numpy arrays.
+
+    Attributes:
+      prompt_ids: [P] int32, the rendered initial conversation incl. the generation prompt.
+      response_ids: [R] int32, every token after the prompt: generated tokens and observation /
+        template tokens, in order.
+      loss_mask: [R] int32, 1 exactly on generated tokens, 0 on observation / template tokens.
+      rollout_logprobs: [R] float32, the engine's logprob μ of each generated token, 0 elsewhere.
+      reward: float, the sum of the environment's step rewards (0 on `env_error`).
+      stop_reason: one of `STOP_REASONS`.
+      group_id: id shared by the `n_samples_per_prompt` samples of one task.
+      policy_version: oldest weights version among the turns' completions.
+      num_turns: number of assistant turns generated.
+      info: the environment's step infos merged (later steps override), plus `task_id`,
+        `sample_index`, and `truncated_by` / `error` where relevant.
+    """
+
+    prompt_ids: np.ndarray
+    response_ids: np.ndarray
+    loss_mask: np.ndarray
+    rollout_logprobs: np.ndarray
+    reward: float
+    stop_reason: str
+    group_id: int
+    policy_version: int
+    num_turns: int
+    info: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        r = len(self.response_ids)
+        if len(self.loss_mask) != r or len(self.rollout_logprobs) != r:
+            raise ValueError(f"Trajectory: response_ids [{r}], loss_mask [{len(self.loss_mask)}] and "
+                             f"rollout_logprobs [{len(self.rollout_logprobs)}] must have the same length")
+        if self.stop_reason not in STOP_REASONS:
+            raise ValueError(f"Trajectory.stop_reason must be one of {STOP_REASONS}, got {self.stop_reason!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """Limits of the rollout loop.
+
+    Attributes:
+      n_samples_per_prompt: trajectories per task (one group).
+      max_turns: assistant turns per trajectory (1 = single-turn).
+      max_tokens_per_turn: generation budget of one turn (stop token included).
+      max_seq_len: budget of prompt + response tokens; a turn never generates past it and an
+        observation that would leave no room for one more generated token ends the episode.
+      env_workers: threads running `env.step` calls of one turn concurrently (1 = in order).
+    """
+
+    n_samples_per_prompt: int = 1
+    max_turns: int = 1
+    max_tokens_per_turn: int = 256
+    max_seq_len: int = 1024
+    env_workers: int = 1
+
+    def __post_init__(self):
+        for name in ("n_samples_per_prompt", "max_turns", "max_tokens_per_turn", "max_seq_len", "env_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass
+class _Conversation:
+    env: Any
+    tools: Optional[list[dict]]
+    prompt_ids: list[int]
+    group_id: int
+    info: dict
+    response_ids: list[int] = dataclasses.field(default_factory=list)
+    loss_mask: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    reward: float = 0.0
+    num_turns: int = 0
+    versions: list[int] = dataclasses.field(default_factory=list)
+    stop_reason: Optional[str] = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    def finish(self, reason: str, **info) -> None:
+        self.stop_reason = reason
+        self.info.update(info)
+
+    def to_trajectory(self) -> Trajectory:
+        return Trajectory(
+            prompt_ids=np.asarray(self.prompt_ids, np.int32),
+            response_ids=np.asarray(self.response_ids, np.int32),
+            loss_mask=np.asarray(self.loss_mask, np.int32),
+            rollout_logprobs=np.asarray(self.logprobs, np.float32),
+            reward=float(self.reward),
+            stop_reason=self.stop_reason,
+            group_id=self.group_id,
+            policy_version=min(self.versions) if self.versions else 0,
+            num_turns=self.num_turns,
+            info=self.info,
+        )
+
+
+def run_rollouts(
+    generator: Generator,
+    chat: ChatTemplate,
+    tasks: Sequence[Task],
+    sampling: SamplingParams,
+    config: RolloutConfig,
+    make_env: Optional[Callable[[Task], Env]] = None,
+    group_ids: Optional[Sequence[int]] = None,
+) -> list[Trajectory]:
+    """Rolls out `n_samples_per_prompt` trajectories per task, all conversations concurrently.
+
+    Args:
+      generator: the rollout backend (sidecar client or in-process engine).
+      chat: tokenizer + chat template of the policy checkpoint.
+      tasks: the prompts; each sample gets its own env from `make_env(task)`.
+      sampling: temperature / top-p / top-k / seed of every request. `max_tokens` and `n` are set
+        per call by the loop (from `config`); `stop_token_ids` is extended with the template's
+        stop ids. With a `seed`, call k of turn t uses seed `(seed * 1_000_003 + 1009 * t + k) % 2**31`.
+      config: limits (see `RolloutConfig`).
+      make_env: builds the env of a task; default `jaxrl.envs.verifiable.make_env`.
+      group_ids: one id per task (default 0..len(tasks)-1).
+    Returns:
+      `len(tasks) * n_samples_per_prompt` trajectories, task-major (the samples of task i are
+      entries i*n .. i*n+n-1).
+    Raises:
+      ValueError: a prompt leaves no room to generate within `max_seq_len`, bad `group_ids`.
+      RuntimeError: the generator returned the wrong number of completions or malformed ones.
+    Errors raised by `env.step` do not propagate: that trajectory ends with `env_error`.
+    """
+    if make_env is None:
+        from jaxrl.envs.verifiable import make_env as default_make_env
+        make_env = default_make_env
+    if group_ids is None:
+        group_ids = list(range(len(tasks)))
+    if len(group_ids) != len(tasks):
+        raise ValueError(f"run_rollouts: group_ids has {len(group_ids)} entries for {len(tasks)} tasks")
+    stop_ids = tuple(dict.fromkeys(tuple(sampling.stop_token_ids) + chat.stop_token_ids))
+    n = config.n_samples_per_prompt
+
+    convs: list[_Conversation] = []
+    for i, task in enumerate(tasks):
+        for s in range(n):
+            env = make_env(task)
+            messages = env.reset(task)
+            tools = getattr(env, "tools", None)
+            prompt_ids = chat.encode_prompt(messages, tools)
+            if len(prompt_ids) >= config.max_seq_len:
+                raise ValueError(f"run_rollouts: task {i} ({task.task_id or 'no id'}) has a {len(prompt_ids)}-token "
+                                 f"prompt, which leaves no room to generate within max_seq_len={config.max_seq_len}; "
+                                 "raise max_seq_len or drop long prompts from the dataset")
+            convs.append(_Conversation(env=env, tools=tools, prompt_ids=prompt_ids, group_id=int(group_ids[i]),
+                                       info={"task_id": task.task_id, "sample_index": s}))
+
+    pool = concurrent.futures.ThreadPoolExecutor(config.env_workers) if config.env_workers > 1 else None
+    try:
+        for turn in range(config.max_turns):
+            live = [c for c in convs if c.stop_reason is None]
+            if not live:
+                break
+            budgets = {id(c): min(config.max_tokens_per_turn, config.max_seq_len - c.num_tokens) for c in live}
+            completions = _generate_turn(generator, live, budgets, sampling, stop_ids, turn, first_turn=turn == 0)
+            texts = []
+            for c in live:
+                comp = completions[id(c)]
+                c.response_ids.extend(comp.token_ids)
+                c.loss_mask.extend([1] * len(comp.token_ids))
+                c.logprobs.extend(float(x) for x in comp.logprobs)
+                c.versions.append(int(comp.policy_version))
+                c.num_turns += 1
+                texts.append(split_thinking(chat.decode(comp.token_ids))[1])
+            steps = list(pool.map(_safe_step, live, texts) if pool else map(_safe_step, live, texts))
+            for c, step in zip(live, steps):
+                comp = completions[id(c)]
+                if isinstance(step, Exception):
+                    c.reward = 0.0
+                    c.finish("env_error", error=f"{type(step).__name__}: {step}")
+                    continue
+                observations, reward, done, info = step
+                c.reward += float(reward)
+                c.info.update(info or {})
+                truncated_by = ("max_seq_len" if budgets[id(c)] < config.max_tokens_per_turn
+                                else "max_tokens_per_turn")
+                if comp.finish_reason == "length":
+                    c.finish("length", truncated_by=truncated_by)
+                elif done:
+                    c.finish("stop")
+                elif turn + 1 >= config.max_turns:
+                    c.finish("max_turns")
+                elif not observations:
+                    c.reward = 0.0
+                    c.finish("env_error", error="env.step returned done=False with no observation messages")
+                else:
+                    obs_ids = chat.encode_observation(observations, comp.token_ids[-1], c.tools)
+                    if c.num_tokens + len(obs_ids) >= config.max_seq_len:
+                        c.finish("length", truncated_by="max_seq_len")
+                    else:
+                        c.response_ids.extend(obs_ids)
+                        c.loss_mask.extend([0] * len(obs_ids))
+                        c.logprobs.extend([0.0] * len(obs_ids))
+    finally:
+        if pool is not None:
+            pool.shutdown()
+        for c in convs:
+            close = getattr(c.env, "close", None)
+            if callable(close):
+                close()
+    return [c.to_trajectory() for c in convs]
+
+
+def _safe_step(conv: _Conversation, text: str):
+    try:
+        result = conv.env.step(text)
+        observations, reward, done, info = result
+        return StepResult(list(observations or []), float(reward), bool(done), dict(info or {}))
+    except Exception as e:  # noqa: BLE001 -- an env failure ends that trajectory, not the batch
+        return e
+
+
+def _generate_turn(generator: Generator, live: list[_Conversation], budgets: dict, sampling: SamplingParams,
+                   stop_ids: tuple[int, ...], turn: int, first_turn: bool) -> dict[int, Completion]:
+    """One turn: batched `generate` calls; returns the completion of each conversation by id()."""
+    # Requests: (prompt ids, conversations). Turn 0 shares a request among samples of one prompt.
+    requests: dict[Any, tuple[list[int], list[_Conversation]]] = {}
+    for c in live:
+        ids = c.prompt_ids + c.response_ids
+        key = (c.group_id, tuple(ids)) if first_turn else id(c)
+        requests.setdefault(key, (ids, []))[1].append(c)
+    # One call per (max_tokens, n): SamplingParams is per call.
+    calls: dict[tuple[int, int], list[tuple[list[int], list[_Conversation]]]] = {}
+    for ids, members in requests.values():
+        calls.setdefault((budgets[id(members[0])], len(members)), []).append((ids, members))
+    out: dict[int, Completion] = {}
+    for k, ((max_tokens, n), reqs) in enumerate(sorted(calls.items(), key=lambda kv: kv[0])):
+        seed = None if sampling.seed is None else (sampling.seed * 1_000_003 + 1009 * turn + k) % 2**31
+        params = dataclasses.replace(sampling, max_tokens=max_tokens, n=n, stop_token_ids=stop_ids, seed=seed)
+        prompts = [ids for ids, _ in reqs]
+        results = generator.generate(prompts, params)
+        if len(results) != len(prompts):
+            raise RuntimeError(f"generator returned {len(results)} results for {len(prompts)} prompts")
+        for (ids, members), comps in zip(reqs, results):
+            if len(comps) != n:
+                raise RuntimeError(f"generator returned {len(comps)} completions for a prompt with n={n}")
+            for c, comp in zip(members, comps):
+                _check_completion(comp, max_tokens)
+                out[id(c)] = comp
+    return out
+
+
+def _check_completion(comp: Completion, max_tokens: int) -> None:
+    t = len(comp.token_ids)
+    if t == 0 or t > max_tokens:
+        raise RuntimeError(f"generator returned a completion of {t} tokens; expected 1..{max_tokens}")
+    if len(comp.logprobs) != t:
+        raise RuntimeError(f"generator returned {len(comp.logprobs)} logprobs for {t} token ids")
+    if comp.finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"generator returned finish_reason {comp.finish_reason!r}; expected 'stop' or 'length'")

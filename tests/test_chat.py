@@ -1,0 +1,235 @@
+"""Default-policy tokenizer, Qwen3 chat template structure, tool-call parsing and tool observations."""
+import json
+import os
+import shutil
+
+import pytest
+
+from jaxrl.envs.chat import DEFAULT_POLICY_DIR, ChatTemplate, load_tokenizer, split_thinking
+from jaxrl.envs.tools import (CALCULATOR, CALL_FORMAT, ToolCall, ToolCallError, evaluate_arithmetic,
+                              parse_tool_calls, run_tool_calls)
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
+           "<tool_response>", "</tool_response>", "<think>", "</think>"]
+
+# The calculator schema as the template's `tojson` writes it (hand-written).
+CALC_JSON = ('{"type": "function", "function": {"name": "calculator", "description": "Evaluate an arithmetic '
+             'expression with numbers, + - * / // % and parentheses.", "parameters": {"type": "object", '
+             '"properties": {"expression": {"type": "string", "description": "The expression, e.g. 12 * (3 + 4)."}}, '
+             '"required": ["expression"]}}}')
+TOOLS_SYSTEM = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+                + CALC_JSON + "\n</tools>\n\nFor each function call, return a json object with function name and "
+                "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n')
+NEXT_ASSISTANT_NO_THINK = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(DEFAULT_POLICY_DIR)
+
+
+@pytest.fixture(scope="module")
+def chat(tok):
+    return ChatTemplate(tok, enable_thinking=False)
+
+
+# ---- tokenizer ----------------------------------------------------------------------------------
+def test_tokenizer_files_and_special_tokens(tok):
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(DEFAULT_POLICY_DIR))
+    assert len(tok) == 512
+    ids = [tok.convert_tokens_to_ids(t) for t in SPECIAL]
+    assert ids == list(range(503, 512))
+    for t, i in zip(SPECIAL, ids):
+        assert tok.encode(t, add_special_tokens=False) == [i]
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>" and tok.bos_token is None
+    # No BOS/EOS added by encode.
+    assert tok.encode("hi", add_special_tokens=True) == tok.encode("hi", add_special_tokens=False)
+
+
+def test_digits_are_single_tokens(tok):
+    for text in ["1234567890", "What is 37 + 48?", "<answer>-905</answer>"]:
+        ids = tok.encode(text, add_special_tokens=False)
+        pieces = [tok.decode([i]) for i in ids]
+        assert "".join(pieces) == text
+        digits = [p for p in pieces if any(ch.isdigit() for ch in p)]
+        assert digits == [ch for ch in text if ch.isdigit()]
+
+
+def test_byte_level_roundtrip_and_special_decoding(tok):
+    text = "Ünïcödé ✓ tabs\tand\nnewlines  {\"a\": [1, 2]}"
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    ids = tok.encode("<think>\nx\n</think>\n\n<tool_call>\n{}\n</tool_call><|im_end|>", add_special_tokens=False)
+    # As in Qwen3, only <|im_end|>/<|im_start|>/<|endoftext|> are special; tool/think tags survive.
+    assert tok.decode(ids, skip_special_tokens=True) == "<think>\nx\n</think>\n\n<tool_call>\n{}\n</tool_call>"
+
+
+def test_tokenizer_build_is_reproducible():
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "make_default_tokenizer.py")
+    spec = importlib.util.spec_from_file_location("make_default_tokenizer", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--check", "--out", DEFAULT_POLICY_DIR]) == 0
+
+
+def test_tokenizer_save_pretrained_roundtrip(tok, tmp_path):
+    tok.save_pretrained(tmp_path)
+    tok2 = load_tokenizer(str(tmp_path))
+    msgs = [{"role": "user", "content": "What is 2 + 3?"}]
+    a = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    b = tok2.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    assert a == b
+    assert tok.encode(a, add_special_tokens=False) == tok2.encode(b, add_special_tokens=False)
+
+
+def test_load_tokenizer_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_tokenizer(str(tmp_path / "nope"))
+    shutil.copy(os.path.join(DEFAULT_POLICY_DIR, "tokenizer.json"), tmp_path)
+    cfg = json.load(open(os.path.join(DEFAULT_POLICY_DIR, "tokenizer_config.json")))
+    del cfg["chat_template"]
+    json.dump(cfg, open(tmp_path / "tokenizer_config.json", "w"))
+    with pytest.raises(ValueError, match="no chat_template"):
+        load_tokenizer(str(tmp_path))
+
+
+# ---- Qwen3 template structure (expected strings written by hand from the Qwen3 template) -----------
+def test_template_system_user_assistant_tool_conversation(chat):
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "What is 2 + 3?"},
+        {"role": "assistant", "content": "",
+         "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2 + 3"}}}]},
+        {"role": "tool", "content": "5"},
+        {"role": "assistant", "content": "<answer>5</answer>"},
+    ]
+    expected = (
+        "<|im_start|>system\nYou are terse.\n\n" + TOOLS_SYSTEM
+        + "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n"
+        + '<|im_start|>assistant\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}\n'
+          "</tool_call><|im_end|>\n"
+        + "<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n"
+        + "<|im_start|>assistant\n<think>\n\n</think>\n\n<answer>5</answer><|im_end|>\n"
+    )
+    assert chat.render(messages, [CALCULATOR.schema()], add_generation_prompt=False) == expected
+
+
+def test_template_without_tools_and_generation_prompts(tok):
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "q1"},
+                {"role": "assistant", "content": "<think>\nr1\n</think>\n\na1"}, {"role": "user", "content": "q2"}]
+    history = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nq1<|im_end|>\n" \
+              "<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\nq2<|im_end|>\n"  # earlier thinking stripped
+    think_on = ChatTemplate(tok, enable_thinking=True)
+    think_off = ChatTemplate(tok, enable_thinking=False)
+    assert think_on.render(messages) == history + "<|im_start|>assistant\n"
+    assert think_off.render(messages) == history + "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert think_off.render(messages, add_generation_prompt=False) == history
+    # Reasoning of an assistant turn after the last user query is kept.
+    live = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>\nr\n</think>\n\nc"}]
+    assert think_on.render(live, add_generation_prompt=False) == \
+        "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\nr\n</think>\n\nc<|im_end|>\n"
+
+
+def test_split_thinking():
+    assert split_thinking("<think>\nabc\n</think>\n\n<answer>1</answer>") == ("abc", "<answer>1</answer>")
+    assert split_thinking("no think") == ("", "no think")
+    assert split_thinking("\n\n</think>\n\nx") == ("", "x")
+
+
+def test_encode_prompt_and_stop_ids(chat):
+    ids = chat.encode_prompt([{"role": "user", "content": "What is 2 + 3?"}])
+    assert chat.tokenizer.decode(ids) == "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n" + NEXT_ASSISTANT_NO_THINK
+    assert chat.stop_token_ids == (505, 503) and chat.turn_end_id == 505
+    with pytest.raises(ValueError, match="empty"):
+        chat.encode_prompt([])
+    with pytest.raises(ValueError, match="assistant"):
+        chat.encode_prompt([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
+
+
+# ---- tool calls: parsing, execution, rendered observations ---------------------------------------
+def _observation_text(chat, assistant_text, last_token="<|im_end|>"):
+    msgs = run_tool_calls(parse_tool_calls(assistant_text), {"calculator": CALCULATOR})
+    ids = chat.encode_observation(msgs, chat.tokenizer.convert_tokens_to_ids(last_token), [CALCULATOR.schema()])
+    return chat.tokenizer.decode(ids)
+
+
+def _resp(*contents):
+    return "\n<|im_start|>user" + "".join(f"\n<tool_response>\n{c}\n</tool_response>" for c in contents) + \
+        "<|im_end|>\n" + NEXT_ASSISTANT_NO_THINK
+
+
+def test_one_tool_call(chat):
+    text = 'Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * (3 + 4)"}}\n</tool_call>'
+    assert parse_tool_calls(text) == [ToolCall("calculator", {"expression": "12 * (3 + 4)"})]
+    assert _observation_text(chat, text) == _resp("84")
+
+
+def test_two_tool_calls_in_one_turn(chat):
+    text = ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "calculator", "arguments": "{\\"expression\\": \\"7 / 2\\"}"}\n</tool_call>')
+    assert parse_tool_calls(text) == [ToolCall("calculator", {"expression": "2 + 3"}),
+                                      ToolCall("calculator", {"expression": "7 / 2"})]
+    assert _observation_text(chat, text) == _resp("5", "3.5")
+
+
+def test_malformed_json_becomes_error_observation(chat):
+    text = '<tool_call>\n{"name": "calculator" "arguments": {}}\n</tool_call>'
+    calls = parse_tool_calls(text)
+    assert len(calls) == 1 and isinstance(calls[0], ToolCallError)
+    # json reports the missing comma where the next string starts: line 1, column 23.
+    err = ("Error: invalid tool call: the call is not valid JSON (Expecting ',' delimiter at line 1 column 23). "
+           "Write each call as " + CALL_FORMAT)
+    assert _observation_text(chat, text) == _resp(err)
+
+
+def test_unknown_tool_names_available_tools(chat):
+    text = '<tool_call>\n{"name": "search", "arguments": {"query": "x"}}\n</tool_call>'
+    assert _observation_text(chat, text) == _resp("Error: unknown tool 'search'. Available tools: calculator.")
+
+
+def test_other_bad_calls(chat):
+    assert parse_tool_calls("just an answer <answer>3</answer>") == []
+    cases = {
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1/0"}}\n</tool_call>':
+            "Error: tool 'calculator' failed: division by zero",
+        '<tool_call>\n{"name": "calculator", "arguments": {}}\n</tool_call>':
+            "Error: tool 'calculator': missing required argument 'expression'.",
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1", "x": 2}}\n</tool_call>':
+            "Error: tool 'calculator': unexpected argument 'x'; expected arguments: expression.",
+        '<tool_call>\n{"name": "calculator", "arguments": [1]}\n</tool_call>':
+            'Error: invalid tool call: "arguments" must be a JSON object. Write each call as ' + CALL_FORMAT,
+        '<tool_call>\n{"name": "calculator"}\n</tool_call>':
+            'Error: invalid tool call: the call has no "arguments" object. Write each call as ' + CALL_FORMAT,
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}':
+            "Error: invalid tool call: missing closing </tool_call> tag. Write each call as " + CALL_FORMAT,
+    }
+    for text, error in cases.items():
+        assert _observation_text(chat, text) == _resp(error), text
+
+
+def test_observation_after_non_turn_end_stop_token(chat):
+    text = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}\n</tool_call>'
+    assert _observation_text(chat, text, last_token="<|endoftext|>") == "<|im_end|>" + _resp("5")
+
+
+def test_observation_user_message_with_thinking_on(tok):
+    chat = ChatTemplate(tok, enable_thinking=True)
+    ids = chat.encode_observation([{"role": "user", "content": "Wrong, try again."}], chat.turn_end_id)
+    assert tok.decode(ids) == "\n<|im_start|>user\nWrong, try again.<|im_end|>\n<|im_start|>assistant\n"
+    with pytest.raises(ValueError, match="observation role"):
+        chat.encode_observation([{"role": "assistant", "content": "x"}], chat.turn_end_id)
+    with pytest.raises(ValueError, match="empty"):
+        chat.encode_observation([], chat.turn_end_id)
+
+
+def test_calculator_evaluation():
+    assert evaluate_arithmetic("12 * (3 + 4)") == "84"
+    assert evaluate_arithmetic("-7 // 2") == "-4"
+    assert evaluate_arithmetic("1 / 3") == "0.333333333333"
+    assert evaluate_arithmetic("6 / 3") == "2"
+    for bad in ["__import__('os')", "2 ** 10", "x + 1", "", "1 +", "1 % 0", "9" * 201]:
+        with pytest.raises(ValueError):
+            evaluate_arithmetic(bad)

@@ -215,6 +215,7 @@ def run_rollouts(
     Raises:
       ValueError: a prompt leaves no room to generate within `max_seq_len`, bad `group_ids`.
       RuntimeError: the generator returned the wrong number of completions or malformed ones.
+      Errors from `make_env` / `env.reset` (bad task data) propagate.
     Errors raised by `env.step` do not propagate: that trajectory ends with `env_error`.
     """
     if make_env is None:

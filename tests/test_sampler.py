@@ -1,0 +1,219 @@
+"""The JAX KV-cache sampler against the model's full (no-cache) forward and numpy references."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from jaxrl.models import qwen3
+from jaxrl.rollout.sampler import Sampler, select_tokens
+from jaxrl.rollout.types import SamplingParams
+
+T_REF = 48  # padded length of the reference forward
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = qwen3.Qwen3Config.preset("tiny")  # float32, vocab 256
+    params = qwen3.init_params(cfg, seed=0)
+    # Twice the 0.02 init: logits far enough from uniform for clear argmax margins, while the
+    # float32 round-off of the cached path (S=1 matmuls) stays ~1e-6 in the logits.
+    params = jax.tree.map(lambda x: x * 2.0 if x.ndim > 1 else x, params)
+    return cfg, params
+
+
+@pytest.fixture(scope="module")
+def sampler(model):
+    cfg, params = model
+    # One bucket per axis: every test below shares one compiled program.
+    return Sampler(params, cfg, max_seq_len=48, batch_buckets=(8,), prompt_buckets=(32,), new_token_buckets=(16,))
+
+
+@pytest.fixture(scope="module")
+def full_logits(model):
+    """Logits of the plain forward (no cache) of one unpadded sequence, float64 numpy [L, V]."""
+    cfg, params = model
+    fwd = jax.jit(lambda t, p, s: qwen3.forward(params, cfg, t, p, s))
+
+    def run(seq):
+        L = len(seq)
+        tok = np.zeros((1, T_REF), np.int32)
+        tok[0, :L] = seq
+        seg = np.zeros((1, T_REF), np.int32)
+        seg[0, :L] = 1
+        pos = np.arange(T_REF, dtype=np.int32)[None]
+        return np.asarray(fwd(tok, pos, seg), np.float64)[0, :L]
+
+    return run
+
+
+def _log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+PROMPTS = [[3, 1, 4], [1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4], [7], [2, 7, 1, 8, 2, 8, 1, 8, 2]]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_greedy_equals_full_forward_argmax_and_logprobs(sampler, full_logits, temperature):
+    out = sampler.generate(PROMPTS, SamplingParams(max_tokens=12, greedy=True, temperature=temperature))
+    for prompt, (c,) in zip(PROMPTS, out):
+        assert c.finish_reason == "length" and len(c.token_ids) == 12
+        logits = full_logits(prompt + c.token_ids)
+        P = len(prompt)
+        step_logits = logits[P - 1:P - 1 + 12]  # position t predicts generated token t
+        np.testing.assert_array_equal(c.token_ids, step_logits.argmax(-1))
+        ref = _log_softmax(step_logits / temperature)[np.arange(12), c.token_ids]
+        np.testing.assert_allclose(c.logprobs, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_logprobs_equal_full_forward(sampler, full_logits, temperature):
+    params = SamplingParams(max_tokens=14, temperature=temperature, seed=5, n=2)
+    out = sampler.generate(PROMPTS[:3], params)
+    for prompt, comps in zip(PROMPTS[:3], out):
+        for c in comps:
+            logits = full_logits(prompt + c.token_ids)
+            P, n = len(prompt), len(c.token_ids)
+            ref = _log_softmax(logits[P - 1:P - 1 + n] / temperature)[np.arange(n), c.token_ids]
+            np.testing.assert_allclose(c.logprobs, ref, atol=1e-5, rtol=0)
+        assert comps[0].token_ids != comps[1].token_ids  # two samples of a prompt use different keys
+
+
+def test_row_output_independent_of_batch(sampler):
+    req = ([[4, 4, 2], [9, 1, 1, 3, 5]], SamplingParams(max_tokens=10, temperature=0.9, top_p=0.95, top_k=40,
+                                                         n=2, seed=11))
+    others = [([[1] * 20, [5, 6]], SamplingParams(max_tokens=16, temperature=1.3, seed=2)),
+              ([[8, 8, 8, 8]], SamplingParams(max_tokens=3, greedy=True, stop_token_ids=(8,)))]
+    alone = sampler.generate_requests([req])[0]
+    batched = sampler.generate_requests([others[0], req, others[1]])[1]
+    for a_group, b_group in zip(alone, batched):
+        for a, b in zip(a_group, b_group):
+            assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6, rtol=0)
+    # The same request again reproduces itself (per-request seed).
+    again = sampler.generate(*req)
+    assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in alone]
+
+
+def test_stop_tokens_end_exactly_the_rows_that_emit_them(sampler):
+    free = sampler.generate(PROMPTS, SamplingParams(max_tokens=12, greedy=True))
+    seqs = [g[0].token_ids for g in free]
+    stops = (seqs[0][4], seqs[2][7])
+    expected = []
+    for s in seqs:
+        hits = [i for i, t in enumerate(s) if t in stops]
+        expected.append((s[:hits[0] + 1], "stop") if hits else (s, "length"))
+    reasons = {r for _, r in expected}
+    assert reasons == {"stop", "length"}, "the test needs rows that stop and rows that do not"
+    out = sampler.generate(PROMPTS, SamplingParams(max_tokens=12, greedy=True, stop_token_ids=stops))
+    for (tokens, reason), (c,) in zip(expected, out):
+        assert c.token_ids == tokens and c.finish_reason == reason
+        assert len(c.logprobs) == len(tokens)
+
+
+TOY_LOGITS = np.array([2.0, 1.5, 1.2, 0.3, 0.0, -0.5, -1.0, -3.0], np.float32)
+
+
+def _np_softmax(x):
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def _draw(temperature, top_p, top_k, n=20000):
+    B = n
+    logits = jnp.broadcast_to(jnp.asarray(TOY_LOGITS), (B, TOY_LOGITS.size))
+    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.PRNGKey(1234), i))(jnp.arange(B))
+    tok, lp = jax.jit(select_tokens)(logits, keys, jnp.full(B, temperature, jnp.float32),
+                                     jnp.full(B, top_p, jnp.float32), jnp.full(B, top_k, jnp.int32),
+                                     jnp.zeros(B, bool))
+    return np.asarray(tok), np.asarray(lp)
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k,support", [
+    (1.0, 1.0, 0, list(range(8))),
+    (1.0, 1.0, 3, [0, 1, 2]),
+    (0.5, 1.0, 0, list(range(8))),
+    # softmax(TOY) = [.398 .241 .179 .073 .054 .033 .020 .003] (by hand): the mass before index 2
+    # is .639 < .7 and before index 3 is .818 >= .7, so the 0.7-nucleus is {0, 1, 2}.
+    (1.0, 0.7, 0, [0, 1, 2]),
+    (1.0, 0.7, 2, [0, 1]),
+    (1.0, 0.3, 0, [0]),
+])
+def test_sampling_frequencies_match_probabilities(temperature, top_p, top_k, support):
+    p_full = _np_softmax(TOY_LOGITS.astype(np.float64) / temperature)
+    if top_p < 1.0:  # independent check of the nucleus given in the parametrization
+        mass_before = np.cumsum(p_full) - p_full
+        nucleus = set(np.nonzero(mass_before < top_p)[0].tolist())
+        assert nucleus == set(support) or (top_k and set(support) == set(sorted(nucleus)[:top_k]))
+    tok, lp = _draw(temperature, top_p, top_k)
+    assert set(np.unique(tok)) <= set(support)
+    p = p_full[support] / p_full[support].sum()
+    counts = np.array([(tok == s).sum() for s in support])
+    if len(support) > 1:
+        keep = p * len(tok) >= 5  # chi-square validity: expected counts >= 5
+        chi2 = stats.chisquare(counts[keep], p[keep] / p[keep].sum() * counts[keep].sum())
+        assert chi2.pvalue > 1e-3, (counts, p * len(tok))
+    else:
+        assert counts[0] == len(tok)
+    # logprobs: log softmax(logits / T) of the sampled token, not renormalised by the filter.
+    np.testing.assert_allclose(lp, np.log(p_full)[tok], atol=1e-5)
+
+
+def test_engine_top_k_sampling_stays_in_top_k(sampler, full_logits):
+    out = sampler.generate(PROMPTS, SamplingParams(max_tokens=10, temperature=1.5, top_k=2, seed=9))
+    for prompt, (c,) in zip(PROMPTS, out):
+        logits = full_logits(prompt + c.token_ids)[len(prompt) - 1:len(prompt) - 1 + len(c.token_ids)]
+        top2 = np.argsort(-logits, axis=-1)[:, :2]
+        assert all(t in row for t, row in zip(c.token_ids, top2))
+
+
+def test_set_params_changes_output_without_recompiling(sampler, model):
+    cfg, params = model
+    before = sampler.num_compiled
+    ref = sampler.generate(PROMPTS[:2], SamplingParams(max_tokens=8, greedy=True))
+    new = jax.tree.map(lambda x: x * 1.1, params)
+    sampler.set_params(new, policy_version=3)
+    try:
+        out = sampler.generate(PROMPTS[:2], SamplingParams(max_tokens=8, greedy=True))
+        assert all(g[0].policy_version == 3 for g in out)
+        assert [g[0].token_ids for g in out] != [g[0].token_ids for g in ref]
+        assert sampler.num_compiled == before
+        with pytest.raises(ValueError, match="shape"):
+            sampler.set_params(jax.tree.map(lambda x: x[:1], params), 4)
+    finally:
+        sampler.set_params(params, policy_version=0)
+
+
+def test_bad_requests_are_refused_with_the_field_named(sampler):
+    with pytest.raises(ValueError, match="max_seq_len"):
+        sampler.generate([[1] * 40], SamplingParams(max_tokens=16))
+    with pytest.raises(ValueError, match="empty"):
+        sampler.generate([[]], SamplingParams(max_tokens=4))
+    with pytest.raises(ValueError, match="token ids"):
+        sampler.generate([[256]], SamplingParams(max_tokens=4))
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        sampler.generate([[1]], SamplingParams(max_tokens=4, stop_token_ids=tuple(range(9))))
+
+
+def test_compiles_at_most_one_program_per_bucket(model):
+    cfg, params = model
+    s = Sampler(params, cfg, max_seq_len=24, batch_buckets=(2, 4), prompt_buckets=(8, 16), new_token_buckets=(8,))
+    assert s.max_num_programs == 4
+    rng = np.random.default_rng(0)
+    requests = []
+    for i in range(14):
+        n_prompts = int(rng.integers(1, 4))
+        prompts = [rng.integers(0, 256, size=int(rng.integers(1, 17))).tolist() for _ in range(n_prompts)]
+        requests.append((prompts, SamplingParams(max_tokens=int(rng.integers(1, 9)), n=int(rng.integers(1, 3)),
+                                                 seed=i, temperature=float(rng.uniform(0.5, 1.5)))))
+    for r in requests:
+        out = s.generate(*r)
+        assert all(len(c.token_ids) <= r[1].max_tokens for g in out for c in g)
+    s.generate_requests(requests)  # 14 requests, 40+ rows: split into chunks of 4 rows
+    assert 1 <= s.num_compiled <= s.max_num_programs
+    compiled = s.num_compiled
+    for r in requests[::-1]:
+        s.generate(*r)
+    assert s.num_compiled == compiled

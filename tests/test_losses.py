@@ -170,6 +170,8 @@ def test_asymmetric_clip():
     np.testing.assert_allclose(float(metrics["clip_ratio"]), 3 / 6, rtol=1e-6)
     np.testing.assert_allclose(float(metrics["clip_ratio_high"]), 2 / 6, rtol=1e-6)
     np.testing.assert_allclose(float(metrics["clip_ratio_low"]), 1 / 6, rtol=1e-6)
+    # approx_kl: token mean of k3 between π_θ and π_old, x = log(π_old/π_θ) = −log r
+    np.testing.assert_allclose(float(metrics["approx_kl"]), np.mean(1 / r - np.log(1 / r) - 1), rtol=1e-4)
     # symmetric 0.2/0.2: 1.1 is no longer clipped; only 0.75 (low) and 1.3 (high) are
     hand_sym = np.array([-1.1, 0.9, 1.1, -0.9, 0.8, -1.2])
     loss, metrics, grad = loss_and_grad(batch, cfg(eps_clip_low=0.2, eps_clip_high=0.2))
@@ -306,6 +308,18 @@ def test_token_and_sequence_tis():
     loss, metrics, _ = loss_and_grad(only(batch, "rollout_logprobs"), cfg(tis_ratio_type="token", token_tis_ratio_clip_high=1.1))
     np.testing.assert_allclose(float(loss), np.sum(w * base * np.minimum(rho, 1.1) * m), rtol=1e-5)
     np.testing.assert_allclose(float(metrics["tis_token_clip_high_ratio"]), np.sum((rho > 1.1) * m) / m.sum(), rtol=1e-6)
+    # the factor is detached: ∇_logπ = (PPO gradient)·min(ρ, cap), and μ gets no gradient
+    lp, a = np.asarray(batch["logprobs"], np.float64), np.asarray(batch["advantages"], np.float64)
+    r = np.exp(lp - old)
+    ppo_grad = np.where(-a * np.clip(r, 0.8, 1.2) > -a * r, 0.0, -a * r)
+    _, _, grad = loss_and_grad(only(batch, "rollout_logprobs"), cfg(tis_ratio_type="token", token_tis_ratio_clip_high=1.1))
+    np.testing.assert_allclose(np.asarray(grad), ppo_grad * np.minimum(rho, 1.1) * w, rtol=2e-5, atol=1e-9)
+    config = cfg(tis_ratio_type="token", token_tis_ratio_clip_high=1.1)
+    b = {k: jnp.asarray(v) for k, v in batch.items()}
+    weights = rl.compute_loss_weights(b["loss_mask"], config)
+    g_mu = jax.grad(lambda mu: rl.micro_batch_loss(b["logprobs"], b["old_logprobs"], b["advantages"], b["loss_mask"],
+                                                   weights, config, rollout_logprobs=mu)[0])(b["rollout_logprobs"])
+    assert not np.any(np.asarray(g_mu))
     # ratio metrics over loss tokens only (masked positions do not count as 0)
     np.testing.assert_allclose(float(metrics["is_ratio_min"]), rho[m > 0].min(), rtol=1e-5)
     np.testing.assert_allclose(float(metrics["is_ratio_max"]), rho[m > 0].max(), rtol=1e-5)

@@ -236,7 +236,8 @@ def gather_to_tokens(values, token_sequence_index, loss_mask):
         whose token is predicted at (n, t) (e.g. built from `segment_ids[:, 1:]` and the packing
         table), or -1 where no trajectory.
       loss_mask: [N, T-1] (bool or 0/1).
-    Returns: float32 [N, T-1]: values[index] on loss tokens with index >= 0, else 0.
+    Returns: float32 [N, T-1]: values[index] on loss tokens with 0 <= index < S, else 0.
+      (An index >= S cannot raise inside jit; the packer must only emit indices < S or -1.)
     """
     values = jnp.asarray(values, jnp.float32)
     index = jnp.asarray(token_sequence_index)

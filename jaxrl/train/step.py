@@ -1,0 +1,166 @@
+"""The jitted pieces of one RL update: logprob forward, and the optimizer step with micro-batch
+gradient accumulation.
+
+The mini-batch loss is a weighted sum whose weights are fixed for the whole mini-batch
+(`jaxrl.rl.losses.compute_loss_weights`, DESIGN.md §4), so the gradient accumulated over K
+micro-batches inside one compiled `lax.scan` equals the gradient of the whole mini-batch, for
+any K and any sharding of the rows. A non-finite gradient norm skips the update (params and
+optimizer state unchanged, the schedule not advanced) and is reported as `update_skipped`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import PartitionSpec as P
+
+from jaxrl.models import qwen3
+from jaxrl.rl import losses
+
+BATCH_AXES = ("data", "fsdp")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """Static settings of the compiled train step (hashable).
+
+    Attributes:
+      loss: the policy objective.
+      temperature: logits / temperature in the trainer's logprobs (the sampling temperature).
+      num_micro_batches: micro-batches per mini-batch (gradient accumulation steps).
+      chunk_size: positions per chunk of the chunked log-softmax.
+    """
+
+    loss: losses.LossConfig
+    temperature: float = 1.0
+    num_micro_batches: int = 1
+    chunk_size: int = 1024
+
+
+def make_schedule(lr: float, total_steps: int, warmup_steps: int = 0, kind: str = "constant") -> optax.Schedule:
+    """Learning rate per optimizer step: linear warm-up 0 → lr over `warmup_steps`, then constant,
+    or cosine decay to 0 at `total_steps` (Loshchilov & Hutter 2017, SGDR eq. 5 without restarts).
+
+    Raises:
+      ValueError: for an unknown `kind`.
+    """
+    if kind not in ("constant", "cosine"):
+        raise ValueError(f"unknown schedule {kind!r}; use 'constant' or 'cosine'")
+    warmup_steps = max(int(warmup_steps), 0)
+    after = (optax.constant_schedule(lr) if kind == "constant"
+             else optax.cosine_decay_schedule(lr, max(total_steps - warmup_steps, 1)))
+    if warmup_steps == 0:
+        return after
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup_steps), after], [warmup_steps])
+
+
+def make_optimizer(lr: float, total_steps: int, *, warmup_steps: int = 0, schedule: str = "constant",
+                   weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+                   max_grad_norm: float = 1.0) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW (Loshchilov & Hutter 2019) after global-norm gradient clipping; returns (tx, schedule)."""
+    sched = make_schedule(lr, total_steps, warmup_steps, schedule)
+    tx = optax.chain(
+        optax.clip_by_global_norm(max_grad_norm),
+        optax.adamw(sched, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay),
+    )
+    return tx, sched
+
+
+def _constrain_rows(x, leading: int = 0):
+    """Shards the row axis (after `leading` unsharded axes) over the batch mesh axes, if a mesh is set."""
+    spec = P(*([None] * leading), BATCH_AXES, *([None] * (x.ndim - leading - 1)))
+    try:
+        return jax.lax.with_sharding_constraint(x, spec)
+    except (ValueError, RuntimeError):  # no mesh in context (plain single-device use)
+        return x
+
+
+def sequence_logprobs(params, model_cfg: qwen3.Qwen3Config, tokens, positions, segment_ids, *,
+                      temperature: float, chunk_size: int):
+    """Target-aligned logprobs and entropies `[N, T-1]` float32 of `tokens [N, T]`.
+
+    Entry t is log softmax(logits_t / temperature)[tokens[:, t+1]] (DESIGN.md §3).
+    """
+    return qwen3.logprobs(params, model_cfg, tokens, positions, segment_ids,
+                          temperature=temperature, chunk_size=chunk_size)
+
+
+def _micro_loss(params, micro, weights, model_cfg, step_cfg: StepConfig):
+    lp, ent = sequence_logprobs(params, model_cfg, micro["tokens"], micro["positions"], micro["segment_ids"],
+                                temperature=step_cfg.temperature, chunk_size=step_cfg.chunk_size)
+    return losses.micro_batch_loss(
+        lp, micro["old_logprobs"], micro["advantages"], micro["loss_mask"], weights, step_cfg.loss,
+        rollout_logprobs=micro.get("rollout_logprobs"), ref_logprobs=micro.get("ref_logprobs"),
+        entropy=ent, is_truncated=micro.get("is_truncated"))
+
+
+def _combine(acc, new):
+    return {k: (jnp.maximum(acc[k], v) if k.endswith("_max") else jnp.minimum(acc[k], v) if k.endswith("_min")
+                else acc[k] + v) for k, v in new.items()}
+
+
+def _metric_init(shapes):
+    return {k: jnp.full(s.shape, -jnp.inf if k.endswith("_max") else jnp.inf if k.endswith("_min") else 0.0,
+                        jnp.float32) for k, s in shapes.items()}
+
+
+def accumulate_gradients(params, batch: dict, weights: losses.LossWeights, model_cfg, step_cfg: StepConfig):
+    """Sum of loss gradients over `step_cfg.num_micro_batches` micro-batches (a `lax.scan`).
+
+    Args:
+      params: param tree (float32).
+      batch: the mini-batch, every array with leading row axis M: `tokens, positions, segment_ids
+        [M, T] int32`; target-aligned `loss_mask, advantages, old_logprobs [M, T-1]` (and
+        optionally `rollout_logprobs`, `ref_logprobs`); optional `is_truncated [M]` bool.
+      weights: `compute_loss_weights` of the whole mini-batch (rows aligned with `batch`).
+    Returns:
+      (grads, metrics): grads like params (float32); metrics summed (max/min for `_max`/`_min`).
+    Raises:
+      ValueError: when M is not a multiple of num_micro_batches.
+    """
+    k = step_cfg.num_micro_batches
+    m = batch["tokens"].shape[0]
+    if m % k:
+        raise ValueError(f"mini-batch of {m} rows does not split into {k} micro-batches")
+    split = lambda x: _constrain_rows(x.reshape(k, m // k, *x.shape[1:]), leading=1)
+    micro = jax.tree.map(split, batch)
+    wmicro = jax.tree.map(split, weights)
+    grad_fn = jax.grad(_micro_loss, has_aux=True)
+
+    first = jax.tree.map(lambda x: x[0], (micro, wmicro))
+    metric_shapes = jax.eval_shape(lambda mb, w: grad_fn(params, mb, w, model_cfg, step_cfg)[1], *first)
+
+    def body(carry, xs):
+        g_acc, met_acc = carry
+        mb, w = xs
+        g, met = grad_fn(params, mb, w, model_cfg, step_cfg)
+        return (jax.tree.map(jnp.add, g_acc, g), _combine(met_acc, met)), None
+
+    init = (jax.tree.map(jnp.zeros_like, params), _metric_init(metric_shapes))
+    (grads, metrics), _ = jax.lax.scan(body, init, (micro, wmicro))
+    return grads, metrics
+
+
+def train_step(params, opt_state, batch: dict, weights: losses.LossWeights, *, model_cfg, step_cfg: StepConfig,
+               tx: optax.GradientTransformation, schedule: Callable[[Any], Any]):
+    """One optimizer step on one mini-batch; returns (params, opt_state, metrics).
+
+    Metrics: the loss metrics of `micro_batch_loss`, plus `grad_norm` (before clipping), `lr`
+    (of this step), `update_skipped` (1.0 when the gradient norm was not finite and the update
+    was not applied).
+    """
+    grads, metrics = accumulate_gradients(params, batch, weights, model_cfg, step_cfg)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(grad_norm)
+    # Zero the gradients when skipping so the (discarded) update cannot produce NaNs in traced code.
+    safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
+    updates, new_opt_state = tx.update(safe_grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+    count = optax.tree_utils.tree_get_all_with_path(opt_state, "count")[0][1]  # optimizer steps taken
+    metrics = dict(metrics, grad_norm=grad_norm, update_skipped=1.0 - finite.astype(jnp.float32),
+                   lr=jnp.asarray(schedule(count), jnp.float32))
+    return keep(new_params, params), keep(new_opt_state, opt_state), metrics

@@ -310,6 +310,16 @@ def _open_spec(item_dir: str, name: str, zarr3: bool) -> dict:
             "kvstore": {"driver": "ocdbt", "base": "file://" + os.path.abspath(item_dir) + "/", "path": name + "/"}}
 
 
+def open_array(version_dir: str, name: str):
+    """An open tensorstore handle of one array of a published version (no JAX); slice it before
+    ``.read().result()`` to read only the needed chunks (e.g. one layer)."""
+    import tensorstore as ts
+
+    item = os.path.join(version_dir, PARAMS_ITEM)
+    _, zarr3 = _read_metadata(item)
+    return ts.open(_open_spec(item, name, zarr3)).result()
+
+
 def iter_arrays(version_dir: str, names: Optional[list[str]] = None) -> Iterator[tuple[str, np.ndarray]]:
     """Yields (name, numpy array) of a published version one at a time, with tensorstore only.
 

@@ -1,0 +1,128 @@
+"""vLLM worker extension: load a policy version published by `weight_sync` into a running vLLM.
+
+Started by ``launch/vllm_sidecar.sh`` as ``vllm serve ... --worker-extension-cls
+jaxrl.rollout.vllm_worker.OrbaxWeightLoader`` (vLLM mixes the class into every GPU worker;
+qwen3_vllm.md §4.1). The trainer's `SidecarClient(backend="vllm").load_weights(version, path)`
+then calls ``POST /collective_rpc {"method": "load_orbax_version", "args": [path, version]}``,
+which runs `OrbaxWeightLoader.load_orbax_version` on every worker, followed by
+``POST /reset_prefix_cache`` so no KV computed with the old weights is reused (the prefix cache
+lives in the engine core, not in the workers). Both routes need ``VLLM_SERVER_DEV_MODE=1``.
+
+The worker reads the Orbax checkpoint with tensorstore only: **this module never imports JAX**
+(a test imports it in a fresh process and checks ``'jax' not in sys.modules``). Names and layouts
+are converted by the one mapping table of `jaxrl.models.hf_io` (``[in, out]`` -> HF ``[out, in]``,
+per-layer slices of the stacked arrays), giving full, unsharded, HF-named bf16 tensors that
+``model.load_weights`` routes and shards itself. For tied configs (0.6B–4B) no ``lm_head.weight``
+is sent, only ``model.embed_tokens.weight``, which is what vLLM 0.33 requires.
+
+Security: ``/collective_rpc`` is not covered by vLLM's ``--api-key``; bind the server to loopback
+(the launch script does) and this loader only accepts committed version directories directly
+inside ``$JAXRL_SYNC_DIR`` (symlinks and ``..`` resolved).
+
+vLLM-specific lines are marked ``# vLLM:``; they assume the worker attributes
+``self.model_runner.model`` (with ``load_weights(weights=iterable)``) and
+``self.model_runner.model_config.hf_config``, present from vLLM 0.10 to 0.33.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Iterator
+
+import numpy as np
+
+from jaxrl.models import hf_io
+from jaxrl.rollout import weight_sync
+
+log = logging.getLogger("jaxrl.vllm_worker")
+SYNC_DIR_ENV = "JAXRL_SYNC_DIR"
+
+
+def hf_tensors_from_version(version_dir: str, cfg: hf_io.Qwen3Config) -> Iterator[tuple[str, np.ndarray]]:
+    """Yields ``(hf_name, array)`` in HF names and layout for every tensor of a published version.
+
+    Reads with tensorstore, one layer slice at a time (host memory ~ one HF tensor). Arrays keep the
+    stored dtype (bf16 as ``ml_dtypes.bfloat16``). Same names, order and values as
+    ``hf_io.params_to_hf_tensors`` of the published params.
+
+    Raises:
+      KeyError: a tensor the config needs is missing from the checkpoint.
+      ValueError: a stored shape does not match the config.
+    """
+    stored = {name for name, _ in weight_sync.array_names(version_dir)}
+    needed = {".".join(m.path) for m in hf_io.mapping_for(cfg)}
+    missing = sorted(needed - stored)
+    if missing:
+        raise KeyError(f"published version {version_dir} lacks {missing} needed by the model config")
+    for m in hf_io.mapping_for(cfg):
+        store = weight_sync.open_array(version_dir, ".".join(m.path))
+        our = hf_io.resolve_shape(m.our_shape, cfg)
+        want = ((cfg.num_hidden_layers,) if m.stacked else ()) + our
+        if tuple(store.shape) != want:
+            raise ValueError(f"published array {'.'.join(m.path)} has shape {tuple(store.shape)}, the model "
+                             f"config needs {want}")
+        if m.stacked:
+            for i, name in enumerate(hf_io.hf_names(m, cfg)):
+                yield name, hf_io.ours_to_hf(m, store[i].read().result(), cfg)
+        else:
+            yield m.hf_name, hf_io.ours_to_hf(m, store.read().result(), cfg)
+
+
+def to_torch(arr: np.ndarray):
+    """numpy -> CPU torch tensor; ``ml_dtypes.bfloat16`` goes through a uint16 view (torch rejects it)."""
+    import ml_dtypes
+    import torch
+
+    if arr.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(np.ascontiguousarray(arr).view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(arr))
+
+
+class OrbaxWeightLoader:
+    """Mixin for vLLM GPU workers (``--worker-extension-cls``); see the module docstring."""
+
+    jaxrl_policy_version: int = 0
+
+    def load_orbax_version(self, path: str, version: str = "") -> dict[str, Any]:
+        """Loads the committed version at `path` into this worker's model.
+
+        Args:
+          path: a version directory written by `weight_sync.publish`, inside ``$JAXRL_SYNC_DIR``.
+          version: the expected version number as a string ("" = take it from the directory name);
+            strings because ``/collective_rpc`` passes string args.
+        Returns:
+          {"policy_version", "tensors", "bytes", "seconds"}.
+        Raises:
+          PermissionError: ``$JAXRL_SYNC_DIR`` unset, or `path` outside it.
+          FileNotFoundError: `path` is not a committed version.
+          ValueError: `version` differs from the directory's.
+        """
+        t0 = time.perf_counter()
+        sync_dir = os.environ.get(SYNC_DIR_ENV)
+        if not sync_dir:
+            raise PermissionError(f"{SYNC_DIR_ENV} is not set in the vLLM server's environment; "
+                                  "start it with launch/vllm_sidecar.sh")
+        real, v = weight_sync.resolve_version_dir(sync_dir, path)
+        if version not in ("", None) and int(version) != v:
+            raise ValueError(f"version {version} does not match the directory {real} (version {v})")
+        runner = self.model_runner  # vLLM: GPU worker attribute
+        cfg = hf_io.Qwen3Config.from_hf_dict(runner.model_config.hf_config.to_dict())  # vLLM: served config
+        count, nbytes = 0, 0
+
+        def weights():
+            nonlocal count, nbytes
+            for name, arr in hf_tensors_from_version(real, cfg):
+                count += 1
+                nbytes += arr.nbytes
+                yield name, to_torch(arr)
+
+        runner.model.load_weights(weights=weights())  # vLLM: routes names, shards for TP, copies to GPU
+        self.jaxrl_policy_version = v
+        seconds = time.perf_counter() - t0
+        log.info("loaded policy version %d (%d tensors, %.1f MB) in %.2f s", v, count, nbytes / 1e6, seconds)
+        return {"policy_version": v, "tensors": count, "bytes": nbytes, "seconds": seconds}
+
+    def jaxrl_version(self) -> int:
+        """The policy version this worker serves (0 until the first load)."""
+        return self.jaxrl_policy_version

@@ -156,6 +156,17 @@ def test_module_call_split_merge(gqa4):
         assert len(a) == x.ndim
 
 
+def test_bfloat16_compute_is_close_to_float32_hf(gqa4):
+    hf, cfg, params = gqa4
+    toks = np.random.default_rng(6).integers(0, cfg.vocab_size, (2, 16)).astype(np.int32)
+    pos = np.tile(np.arange(16, dtype=np.int32), (2, 1))
+    ours = np.asarray(_forward(params, cfg.replace(dtype="bfloat16"), toks, pos, np.ones_like(toks)))
+    with torch.no_grad():
+        ref = hf(torch.tensor(toks, dtype=torch.long)).logits.numpy()
+    assert ours.dtype == np.float32
+    assert np.abs(ours - ref).max() <= 0.05 * np.abs(ref).max()  # bf16 has 8 mantissa bits
+
+
 # ---------------------------------------------------------------------------------------------
 # logprobs / entropy
 # ---------------------------------------------------------------------------------------------

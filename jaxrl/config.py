@@ -38,7 +38,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict()
     c.model.path = ""  # HF checkpoint directory; "" = the embedded default policy
     c.model.compute_dtype = "float32"  # "bfloat16" on accelerators; params are fp32 masters
-    c.model.remat = "none"  # none | full | dots
+    c.model.remat = "none"  # none | full | save_dots
     c.model.attention_impl = "xla"  # xla | cudnn
     c.model.logprobs_chunk_size = 1024  # tokens per chunk of the chunked log-softmax
 
@@ -190,8 +190,15 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     Raises:
       ConfigError: naming the first offending key, the problem and the fix.
     """
+    from jaxrl.rl import losses as rl_losses
     from jaxrl.rl import registry as rl_registry  # names of estimators, losses, reductions
 
+    valid_names = {
+        "advantage_estimator": rl_registry.ADVANTAGE_ESTIMATORS,
+        "policy_loss": rl_registry.POLICY_LOSSES,
+        "loss_reduction": rl_registry.LOSS_REDUCTIONS,
+        "kl_estimator": rl_losses.KL_ESTIMATORS,
+    }
     t, a, g = c.trainer, c.trainer.algorithm, c.generator
     # Algorithm names.
     for key, value, kind in (
@@ -200,7 +207,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
         ("trainer.algorithm.loss_reduction", a.loss_reduction, "loss_reduction"),
         ("trainer.algorithm.kl_estimator_type", a.kl_estimator_type, "kl_estimator"),
     ):
-        names = rl_registry.names(kind)
+        names = valid_names[kind]
         _require(value in names, key, f"unknown name {value!r}", f"use one of {sorted(names)}")
     # Clip ranges.
     _require(0.0 < a.eps_clip_low < 1.0, "trainer.algorithm.eps_clip_low",
@@ -218,7 +225,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     _require(a.kl_loss_coef >= 0, "trainer.algorithm.kl_loss_coef", "must be >= 0", "use 0 to disable KL")
     _require(a.entropy_loss_coef >= 0, "trainer.algorithm.entropy_loss_coef", "must be >= 0",
              "use 0 to disable the entropy bonus")
-    _require(a.group_advantage_min_size >= 1, "trainer.algorithm.group_advantage_min_size", "must be >= 1",
+    _require(a.group_advantage_min_size >= 2, "trainer.algorithm.group_advantage_min_size", "must be >= 2",
              "use 2 (RLOO needs at least one other member)")
     opc = a.off_policy_correction
     _require(opc.tis_ratio_type in ("", "token", "sequence"), "trainer.algorithm.off_policy_correction.tis_ratio_type",
@@ -267,8 +274,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     # Model / data.
     _require(c.model.compute_dtype in ("float32", "bfloat16"), "model.compute_dtype",
              f"unknown dtype {c.model.compute_dtype!r}", "use 'float32' or 'bfloat16'")
-    _require(c.model.remat in ("none", "full", "dots"), "model.remat", f"unknown policy {c.model.remat!r}",
-             "use 'none', 'full' or 'dots'")
+    _require(c.model.remat in ("none", "full", "save_dots"), "model.remat", f"unknown policy {c.model.remat!r}",
+             "use 'none', 'full' or 'save_dots'")
     _require(c.model.attention_impl in ("xla", "cudnn"), "model.attention_impl",
              f"unknown implementation {c.model.attention_impl!r}", "use 'xla' (CPU/TPU) or 'cudnn' (GPU)")
     if c.scale != "cpu":

@@ -1,0 +1,621 @@
+"""The RL loop (DESIGN.md §1): rollouts through the sidecar, advantages, PPO updates on the mesh,
+weight publication, evaluation, checkpoints, run logs, best-by-EMA selection and collapse handling.
+
+Batch semantics follow SkyRL: a step takes `train_batch_size` prompts, each sampled
+`n_samples_per_prompt` times; `mini_batch_size` prompts (× n sequences) make one optimizer
+step; each mini-batch is split into micro-batches of `micro_batch_size` sequences whose
+gradients are accumulated; `update_epochs_per_batch` passes over the mini-batches in a fixed
+order. `old_logprobs` are computed once per RL step, before any update, by the same code.
+
+Determinism and resume: every random choice derives from (`seed`, step) — the prompts of step s,
+the sampling seeds of its requests — and the checkpoint holds params, optimizer state, the
+reward EMA and the data position, so a run killed at any point and restarted with the same
+command continues from the last committed checkpoint and produces the same metrics.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import secrets
+import shutil
+import sys
+import time
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl import config as config_lib
+from jaxrl import parallel
+from jaxrl.envs import (DEFAULT_POLICY_DIR, ChatTemplate, RolloutConfig, Trajectory, get_task_suite, load_tasks,
+                        run_rollouts)
+from jaxrl.models import hf_io, qwen3
+from jaxrl.rl import advantages as adv_lib
+from jaxrl.rl import losses
+from jaxrl.rollout import weight_sync
+from jaxrl.rollout.sidecar import SidecarClient, SidecarError, SidecarProcess
+from jaxrl.rollout.types import SamplingParams
+from jaxrl.train import step as step_lib
+from jaxrl.train.checkpoint import CheckpointStore
+from jaxrl.train.metrics import RewardEMA, RunLogger, plot_rewards, write_report
+
+# Keys that may differ between the rl_config.json of a run and the command that resumes it.
+RESUMABLE_CHANGES = ("trainer.num_steps",)
+
+
+def _derive_seed(*parts: int) -> int:
+    """A 31-bit seed from integers (stable across processes and Python versions)."""
+    h = hashlib.sha256(",".join(str(int(p)) for p in parts).encode()).digest()
+    return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Batching: trajectories -> fixed-shape target-aligned arrays
+# ---------------------------------------------------------------------------------------------
+
+def bucket_length(n: int, buckets) -> int:
+    """The smallest bucket >= n. Raises ValueError when n exceeds the largest bucket."""
+    for b in sorted(buckets):
+        if b >= n:
+            return int(b)
+    raise ValueError(f"a trajectory of {n} tokens exceeds the largest trainer.seq_len_buckets entry "
+                     f"{max(buckets)}; add a larger bucket or lower generator limits")
+
+
+def pack_trajectories(trajs: list[Trajectory], advantages: np.ndarray, buckets) -> dict[str, np.ndarray]:
+    """Right-padded rows `[N, T]` (T bucketed) with target-aligned `[N, T-1]` arrays (DESIGN.md §3).
+
+    Row i holds prompt_ids + response_ids; response token j sits at position P + j and is
+    predicted at target index P + j - 1, which is where its loss_mask, rollout logprob and the
+    trajectory's advantage go.
+    """
+    n = len(trajs)
+    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
+    T = bucket_length(max(lengths), buckets)
+    tokens = np.zeros((n, T), np.int32)
+    seg = np.zeros((n, T), np.int32)
+    pos = np.zeros((n, T), np.int32)
+    loss_mask = np.zeros((n, T - 1), np.int32)
+    rollout_lp = np.zeros((n, T - 1), np.float32)
+    adv = np.zeros((n, T - 1), np.float32)
+    for i, (t, L) in enumerate(zip(trajs, lengths)):
+        P = len(t.prompt_ids)
+        tokens[i, :L] = np.concatenate([t.prompt_ids, t.response_ids])
+        seg[i, :L] = 1
+        pos[i, :L] = np.arange(L)
+        R = len(t.response_ids)
+        loss_mask[i, P - 1:P - 1 + R] = t.loss_mask
+        rollout_lp[i, P - 1:P - 1 + R] = np.where(t.loss_mask > 0, t.rollout_logprobs, 0.0)
+        adv[i, P - 1:P - 1 + R] = np.where(t.loss_mask > 0, advantages[i], 0.0)
+    is_truncated = np.array([t.stop_reason != "stop" for t in trajs])
+    return dict(tokens=tokens, positions=pos, segment_ids=seg, loss_mask=loss_mask,
+                rollout_logprobs=rollout_lp, advantages=adv, is_truncated=is_truncated)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompts
+# ---------------------------------------------------------------------------------------------
+
+class PromptSource:
+    """Train prompts per step (deterministic in (seed, step)) and the fixed held-out eval prompts."""
+
+    def __init__(self, c):
+        self.c = c
+        if c.data.task == "dataset":
+            self.train_tasks = load_tasks(c.data.dataset_path)
+            self.suite = None
+        else:
+            self.suite = get_task_suite(c.data.task)
+        eval_name = c.data.eval_task or (c.data.task if self.suite else "")
+        self.eval_suite = get_task_suite(eval_name) if eval_name else None
+
+    def train_batch(self, step: int):
+        c = self.c
+        seed = _derive_seed(c.seed, step, 1)
+        if self.suite is not None:
+            return self.suite.dataset("train", num=c.trainer.train_batch_size, seed=seed)
+        n = len(self.train_tasks)
+        epoch, within = divmod((step - 1) * c.trainer.train_batch_size, n)
+        order = np.random.default_rng(_derive_seed(c.seed, epoch, 2)).permutation(n)
+        idx = [order[(within + i) % n] for i in range(c.trainer.train_batch_size)]
+        return [self.train_tasks[i] for i in idx]
+
+    def eval_batch(self):
+        if self.eval_suite is None:
+            return []
+        return self.eval_suite.dataset("eval", num=self.c.data.num_eval_prompts, seed=_derive_seed(self.c.seed, 7))
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class TrainerState:
+    """What a checkpoint stores besides params and optimizer state (JSON)."""
+
+    step: int = 0
+    policy_version: int = 0
+    ema: dict = dataclasses.field(default_factory=dict)
+    lr_scale: float = 1.0
+    rollbacks: int = 0
+    skipped_updates: int = 0
+    events: list = dataclasses.field(default_factory=list)
+    initial_eval: Optional[float] = None
+    data_position: int = 0  # prompts consumed (= step * train_batch_size)
+
+
+class Trainer:
+    """Owns the model, optimizer, sidecars and logs of one run directory. Use `run(config, workdir)`."""
+
+    def __init__(self, c, workdir: str, *, progress: bool = True):
+        self.c = c
+        self.workdir = os.path.abspath(workdir)
+        self.progress = progress
+        self.timings: dict[str, float] = {}
+        os.makedirs(self.workdir, exist_ok=True)
+        config_lib.validate(c, num_devices=jax.device_count())
+        self._check_resume_config()
+
+        # Model and tokenizer.
+        self.model_dir = c.model.path or DEFAULT_POLICY_DIR
+        self.model_cfg = qwen3.Qwen3Config.from_pretrained(
+            self.model_dir, dtype=c.model.compute_dtype, remat=c.model.remat, attention=c.model.attention_impl)
+        self.chat = ChatTemplate.from_pretrained(self.model_dir, enable_thinking=c.generator.enable_thinking)
+        self.prompts = PromptSource(c)
+
+        # Mesh and shardings.
+        self.mesh = parallel.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
+        rows_axis = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        if c.trainer.micro_batch_size % rows_axis:
+            raise config_lib.ConfigError(
+                "trainer.micro_batch_size", f"{c.trainer.micro_batch_size} sequences do not split over "
+                f"data x fsdp = {rows_axis} devices", f"use a multiple of {rows_axis}")
+        axes = qwen3.param_logical_axes(self.model_cfg)
+        self.param_sharding = parallel.param_shardings(axes, self.mesh, shapes=qwen3.abstract_params(self.model_cfg))
+
+        # Objective.
+        a = c.trainer.algorithm
+        opc = a.off_policy_correction
+        self.loss_cfg = losses.LossConfig(
+            policy_loss_type=a.policy_loss_type, loss_reduction=a.loss_reduction,
+            max_seq_len=int(a.max_seq_len) or None, eps_clip_low=a.eps_clip_low, eps_clip_high=a.eps_clip_high,
+            clip_ratio_c=a.clip_ratio_c, kl_loss_coef=a.kl_loss_coef, kl_estimator_type=a.kl_estimator_type,
+            entropy_loss_coef=a.entropy_loss_coef, tis_ratio_type=opc.tis_ratio_type or None,
+            token_tis_ratio_clip_high=opc.token_tis_ratio_clip_high,
+            sequence_tis_ratio_clip_high=opc.sequence_tis_ratio_clip_high,
+            off_policy_untruncated_only=opc.only_untruncated)
+        self.adv_cfg = adv_lib.AdvantageConfig(advantage_estimator=a.advantage_estimator,
+                                               grpo_norm_by_std=a.grpo_norm_by_std,
+                                               group_advantage_min_size=a.group_advantage_min_size)
+        n = c.generator.n_samples_per_prompt
+        self.mini_rows = c.trainer.mini_batch_size * n
+        self.num_minibatches = c.trainer.train_batch_size // c.trainer.mini_batch_size
+        self.step_cfg = step_lib.StepConfig(loss=self.loss_cfg, temperature=a.temperature,
+                                            num_micro_batches=self.mini_rows // c.trainer.micro_batch_size,
+                                            chunk_size=c.model.logprobs_chunk_size)
+        self.total_opt_steps = c.trainer.num_steps * self.num_minibatches * c.trainer.update_epochs_per_batch
+
+        self.ckpt = CheckpointStore(self.workdir, max_to_keep=c.trainer.max_ckpts_to_keep)
+        self.sync_dir = os.path.join(self.workdir, "sync")
+        self.state = TrainerState()
+        self.ema = RewardEMA(span=c.trainer.ema_span)
+        self.sidecars: list[SidecarProcess] = []
+        self.client: Optional[SidecarClient] = None
+
+    # -- config / resume ----------------------------------------------------------------------
+    def _check_resume_config(self):
+        path = os.path.join(self.workdir, "rl_config.json")
+        new = config_lib.to_json_dict(self.c)
+        if os.path.exists(path):
+            with open(path) as f:
+                old = json.load(f)
+            a, b = _flatten(old), _flatten(new)
+            diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES)
+            if diff:
+                raise config_lib.ConfigError(
+                    diff[0], f"the workdir {self.workdir} holds a run with a different config "
+                    f"(differs in: {', '.join(diff[:8])})", "resume with the same command, or use a new --workdir")
+        config_lib.write_json_atomic(path, new)
+
+    # -- compiled functions -------------------------------------------------------------------
+    def _build_optimizer(self):
+        o = self.c.trainer.optimizer
+        self.tx, self.schedule = step_lib.make_optimizer(
+            o.lr * self.state.lr_scale, self.total_opt_steps, warmup_steps=o.num_warmup_steps, schedule=o.scheduler,
+            weight_decay=o.weight_decay, b1=o.adam_betas[0], b2=o.adam_betas[1], eps=o.adam_eps,
+            max_grad_norm=o.max_grad_norm)
+        abstract_opt = jax.eval_shape(self.tx.init, qwen3.abstract_params(self.model_cfg))
+        self.opt_sharding = parallel.opt_state_shardings(abstract_opt, qwen3.abstract_params(self.model_cfg),
+                                                         self.param_sharding, self.mesh)
+        mc, sc, tx, sched = self.model_cfg, self.step_cfg, self.tx, self.schedule
+        self._train_step = jax.jit(
+            lambda p, o, b, w: step_lib.train_step(p, o, b, w, model_cfg=mc, step_cfg=sc, tx=tx, schedule=sched),
+            out_shardings=(self.param_sharding, self.opt_sharding, None), donate_argnums=(0, 1))
+        self._opt_init = jax.jit(self.tx.init, out_shardings=self.opt_sharding)
+
+        micro = self.c.trainer.micro_batch_size
+        temp, chunk = self.c.trainer.algorithm.temperature, self.c.model.logprobs_chunk_size
+
+        def batch_logprobs(params, tokens, positions, segment_ids):
+            k = tokens.shape[0] // micro
+            split = lambda x: x.reshape(k, micro, *x.shape[1:])
+            f = lambda xs: step_lib.sequence_logprobs(params, mc, *xs, temperature=temp, chunk_size=chunk)[0]
+            lp = jax.lax.map(f, (split(tokens), split(positions), split(segment_ids)))
+            return lp.reshape(tokens.shape[0], -1)
+
+        self._logprobs = jax.jit(batch_logprobs)
+
+    # -- sidecars -----------------------------------------------------------------------------
+    def _start_sidecars(self):
+        c = self.c
+        if c.generator.backend == "vllm":
+            self.client = SidecarClient(list(c.generator.sidecar_urls), token_file=self._token_file(), backend="vllm")
+            return
+        rows = min(512, c.trainer.train_batch_size * c.generator.n_samples_per_prompt)
+        max_seq = self._rollout_cfg().max_seq_len
+        extra = ["--resume-latest", "--max-batch-rows", str(rows), "--max-seq-len", str(max_seq),
+                 "--dtype", c.model.compute_dtype, "--log-level", "warning"]
+        env = {"XLA_FLAGS": "", "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "")}
+        for i in range(c.generator.num_sidecars):
+            sp = SidecarProcess(self.model_dir, sync_dir=self.sync_dir, token_file=self._token_file(), extra_args=extra,
+                                env=env, log_path=os.path.join(self.workdir, f"sidecar_{i}.log"))
+            self.sidecars.append(sp.start())
+        for sp in self.sidecars:
+            sp.wait_healthy()
+        self.client = SidecarClient([sp.url for sp in self.sidecars], token_file=self._token_file(),
+                                    max_prompts_per_request=max(1, rows // c.generator.n_samples_per_prompt))
+
+    def _token_file(self) -> str:
+        path = os.path.join(self.workdir, ".sidecar_token")
+        if not os.path.exists(path):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(16))
+        return path
+
+    def _restart_dead_sidecars(self) -> bool:
+        dead = [sp for sp in self.sidecars if not sp.alive()]
+        for sp in dead:
+            print(f"jaxrl: sidecar {sp.url} died (exit code {sp.returncode}); restarting", file=sys.stderr)
+            sp.restart()
+        return bool(dead)
+
+    def _publish(self, params, version: int):
+        t0 = time.perf_counter()
+        stats = weight_sync.publish(params, self.sync_dir, version, keep=self.c.trainer.weight_sync_keep)
+        self.client.load_weights(version, weight_sync.version_path(self.sync_dir, version))
+        self.state.policy_version = version
+        self.timings["sync_weights"] = time.perf_counter() - t0
+        self.last_sync_bytes = stats.bytes
+
+    def _generate(self, tasks, sampling: SamplingParams, n: int):
+        for attempt in range(2):
+            try:
+                return run_rollouts(self.client, self.chat, tasks, sampling, self._rollout_cfg(n))
+            except SidecarError:
+                if attempt == 1 or not self._restart_dead_sidecars():
+                    raise
+
+    def _rollout_cfg(self, n: Optional[int] = None) -> RolloutConfig:
+        g = self.c.generator
+        max_seq = self.c.data.max_prompt_length + g.max_turns * g.sampling_params.max_generate_length
+        if self.c.trainer.algorithm.max_seq_len:
+            max_seq = min(max_seq, int(self.c.trainer.algorithm.max_seq_len))
+        return RolloutConfig(n_samples_per_prompt=n or g.n_samples_per_prompt, max_turns=g.max_turns,
+                             max_tokens_per_turn=g.sampling_params.max_generate_length, max_seq_len=max_seq)
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """Held-out success rate (reward >= 1) and mean reward of the served policy version."""
+        tasks = self.prompts.eval_batch()
+        if not tasks:
+            return {}
+        t0 = time.perf_counter()
+        es = self.c.generator.eval_sampling_params
+        sp = self.c.generator.sampling_params
+        sampling = SamplingParams(temperature=es.temperature, greedy=bool(es.greedy), top_p=sp.top_p,
+                                  top_k=max(sp.top_k, 0), seed=_derive_seed(self.c.seed, 11))
+        trajs = self._generate(tasks, sampling, n=1)
+        rewards = np.array([t.reward for t in trajs])
+        self.timings["eval"] = time.perf_counter() - t0
+        return {"eval/success_rate": float(np.mean(rewards >= 1.0)), "eval/avg_reward": float(rewards.mean())}
+
+    # -- one RL step --------------------------------------------------------------------------
+    def _rl_step(self, step: int, params, opt_state):
+        c, n = self.c, self.c.generator.n_samples_per_prompt
+        t_step = time.perf_counter()
+        tasks = self.prompts.train_batch(step)
+        sp = c.generator.sampling_params
+        sampling = SamplingParams(temperature=sp.temperature, top_p=sp.top_p, top_k=max(sp.top_k, 0),
+                                  seed=_derive_seed(c.seed, step, 3))
+        t0 = time.perf_counter()
+        trajs = self._generate(tasks, sampling, n=n)
+        self.timings["generate"] = time.perf_counter() - t0
+
+        rewards = np.array([t.reward for t in trajs], np.float32)
+        group_ids = np.array([t.group_id for t in trajs], np.int32)
+        baseline_mask = np.array([t.stop_reason != "env_error" for t in trajs])
+        advantages = np.asarray(adv_lib.compute_advantages(rewards, group_ids, baseline_mask, self.adv_cfg))
+        batch = pack_trajectories(trajs, advantages, c.trainer.seq_len_buckets)
+
+        t0 = time.perf_counter()
+        with jax.set_mesh(self.mesh):
+            dev = parallel.shard_batch(batch, self.mesh)
+            old_lp = self._logprobs(params, dev["tokens"], dev["positions"], dev["segment_ids"])
+            if losses.needs_reference_model(self.loss_cfg):
+                dev["ref_logprobs"] = self._logprobs(self.ref_params, dev["tokens"], dev["positions"],
+                                                     dev["segment_ids"])
+            dev["old_logprobs"] = old_lp
+            jax.block_until_ready(old_lp)
+            self.timings["fwd_logprobs"] = time.perf_counter() - t0
+
+            t0 = time.perf_counter()
+            step_metrics: list[dict] = []
+            for _ in range(c.trainer.update_epochs_per_batch):
+                for mb in range(self.num_minibatches):
+                    sl = slice(mb * self.mini_rows, (mb + 1) * self.mini_rows)
+                    mini = {k: v[sl] for k, v in dev.items()}
+                    weights = losses.compute_loss_weights(mini["loss_mask"], self.loss_cfg)
+                    params, opt_state, met = self._train_step(params, opt_state, mini, weights)
+                    step_metrics.append(met)
+            step_metrics = jax.device_get(step_metrics)
+        self.timings["policy_train"] = time.perf_counter() - t0
+        skipped = int(sum(m["update_skipped"] for m in step_metrics))
+        self.state.skipped_updates += skipped
+
+        t0 = time.perf_counter()
+        self._publish(params, step)
+
+        # Metrics (SkyRL names where the concept is the same).
+        def agg(key):
+            vals = [float(m[key]) for m in step_metrics]
+            return max(vals) if key.endswith("_max") else min(vals) if key.endswith("_min") else float(np.mean(vals))
+
+        m: dict[str, Any] = {}
+        for key in step_metrics[0]:
+            name = {"grad_norm": "policy/grad_norm", "lr": "policy/policy_lr", "loss": "policy/final_loss",
+                    "policy_loss": "policy/policy_loss", "entropy": "policy/policy_entropy",
+                    "update_skipped": "policy/update_skipped"}.get(key, f"policy/loss_metrics/{key}")
+            m[name] = agg(key)
+        if "policy/loss_metrics/clip_ratio" in m:
+            m["policy/clip_ratio"] = m["policy/loss_metrics/clip_ratio"]
+        m["policy/num_skipped_updates_total"] = self.state.skipped_updates
+        grouped = rewards.reshape(-1, n)
+        m["reward/avg_raw_reward"] = float(rewards.mean())
+        m[f"reward/avg_pass_at_{n}"] = float(np.mean(grouped.max(axis=1) > 0))
+        m["reward/success_rate"] = float(np.mean(rewards >= 1.0))
+        m["loss/avg_raw_advantages"] = float(advantages.mean())
+        m["loss/avg_raw_advantages_abs"] = float(np.abs(advantages).mean())
+        ntok = np.array([int(t.loss_mask.sum()) for t in trajs])
+        m["generate/avg_num_tokens"] = float(ntok.mean())
+        m["generate/max_num_tokens"] = float(ntok.max())
+        m["generate/min_num_tokens"] = float(ntok.min())
+        m["generate/truncated_ratio"] = float(np.mean(batch["is_truncated"]))
+        m["generate/batch_padded_seq_len"] = float(batch["tokens"].shape[1])
+        m["trainer/policy_version"] = self.state.policy_version
+        ema, is_best = self.ema.update(step, float(rewards.mean()), drop=c.trainer.collapse.drop)
+        m["reward/ema"] = ema
+        self.timings["step"] = time.perf_counter() - t_step
+        trials = [{"group_id": t.group_id, "sample_index": t.info.get("sample_index", 0), "reward": t.reward,
+                   "advantage": float(a), "num_tokens": int(t.loss_mask.sum()), "num_turns": t.num_turns,
+                   "stop_reason": t.stop_reason, "policy_version": t.policy_version,
+                   "task_id": t.info.get("task_id", ""),
+                   "prompt": self.chat.tokenizer.decode(t.prompt_ids.tolist()),
+                   "response": self.chat.tokenizer.decode(t.response_ids.tolist())}
+                  for t, a in zip(trajs, advantages)]
+        return params, opt_state, m, trials, is_best
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _save(self, step: int, params, opt_state):
+        t0 = time.perf_counter()
+        self.state.step = step
+        self.state.data_position = step * self.c.trainer.train_batch_size
+        self.state.ema = self.ema.state_dict()
+        self.ckpt.save(step, params, opt_state, dataclasses.asdict(self.state), self.ema.value)
+        self.ckpt.wait()
+        self.timings["save_checkpoints"] = time.perf_counter() - t0
+
+    def _restore(self, step: int):
+        abstract_p = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                                  qwen3.abstract_params(self.model_cfg), self.param_sharding)
+        abstract_o = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                                  jax.eval_shape(self.tx.init, qwen3.abstract_params(self.model_cfg)), self.opt_sharding)
+        params, opt_state, ts = self.ckpt.restore(step, abstract_p, abstract_o)
+        return params, opt_state, ts
+
+    # -- main loop ----------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        c = self.c
+        t_run = time.perf_counter()
+        self._build_optimizer()
+        latest = self.ckpt.latest_step()
+        with jax.set_mesh(self.mesh):
+            _, init_params = hf_io.load_hf_checkpoint(self.model_dir, self.model_cfg, shardings=self.param_sharding)
+            if losses.needs_reference_model(self.loss_cfg):
+                self.ref_params = init_params  # frozen copy of the starting policy
+            if latest is None:
+                params, opt_state = init_params, self._opt_init(init_params)
+                start = 0
+            else:
+                params, opt_state, ts = self._restore(latest)
+                self.state = TrainerState(**ts)
+                self.ema = RewardEMA.from_state_dict(self.state.ema)
+                if self.state.lr_scale != 1.0:
+                    self._build_optimizer()
+                start = latest
+                print(f"jaxrl: resuming {self.workdir} from step {latest}", file=sys.stderr)
+        logger = RunLogger(self.workdir, resume_step=start if latest is not None else None)
+        shutil.rmtree(self.sync_dir, ignore_errors=True)  # versions are republished from the checkpoint
+        os.makedirs(self.sync_dir, exist_ok=True)
+        stopped_by_collapse = False
+        try:
+            self._start_sidecars()
+            self._publish(params, start)
+            if start == 0 and c.trainer.eval_before_train:
+                ev = self.evaluate()
+                if ev:
+                    self.state.initial_eval = ev["eval/success_rate"]
+                    logger.log_step(0, {**ev, "timing/eval": self.timings["eval"]})
+            bar = _progress(start, c.trainer.num_steps, enabled=self.progress)
+            step = start
+            for step in range(start + 1, c.trainer.num_steps + 1):
+                params, opt_state, m, trials, is_best = self._rl_step(step, params, opt_state)
+                if c.trainer.eval_interval and step % c.trainer.eval_interval == 0 or step == c.trainer.num_steps:
+                    m.update(self.evaluate())
+                    m["timing/eval"] = self.timings.get("eval", 0.0)
+                if is_best or step % c.trainer.ckpt_interval == 0 or step == c.trainer.num_steps:
+                    self._save(step, params, opt_state)
+                    m["timing/save_checkpoints"] = self.timings["save_checkpoints"]
+                for k in ("generate", "fwd_logprobs", "policy_train", "sync_weights", "step"):
+                    m[f"timing/{k}"] = self.timings.get(k, 0.0)
+                logger.log_step(step, m)
+                logger.log_trials(step, trials)
+                bar.update(step, m["reward/avg_raw_reward"], m["reward/ema"], self.timings["step"])
+                collapse = c.trainer.collapse
+                if collapse.enabled and self.ema.steps_below >= collapse.patience:
+                    event = (f"step {step}: reward EMA {self.ema.value:.3f} stayed more than {collapse.drop} below "
+                             f"the best {self.ema.best_value:.3f} (step {self.ema.best_step}) for "
+                             f"{self.ema.steps_below} steps")
+                    if collapse.action == "rollback" and self.state.rollbacks < collapse.max_rollbacks:
+                        params, opt_state = self._rollback(step, event)
+                        self._save(step, params, opt_state)
+                    else:
+                        self.state.events.append(f"{event}; run stopped (collapse)")
+                        self._save(step, params, opt_state)
+                        stopped_by_collapse = True
+                        break
+            bar.close()
+            summary = self._finish(logger, step, time.perf_counter() - t_run, stopped_by_collapse)
+        finally:
+            logger.close()
+            for sp in self.sidecars:
+                sp.stop()
+            if self.client is not None:
+                self.client.close()
+            self.ckpt.close()
+        return summary
+
+    def _rollback(self, step: int, event: str):
+        best = self.ema.best_step
+        self.state.rollbacks += 1
+        self.state.lr_scale *= self.c.trainer.collapse.lr_factor
+        self.state.events.append(f"{event}; rolled back to step {best} with lr x{self.state.lr_scale:g}")
+        self._build_optimizer()
+        params, opt_state, _ = self._restore(best)
+        self.ema.steps_below = 0
+        self._publish(params, step)  # the next rollouts use the restored weights
+        return params, opt_state
+
+    def _finish(self, logger: RunLogger, last_step: int, wall_s: float, collapsed: bool) -> dict[str, Any]:
+        c = self.c
+        best = self.ema.best_step
+        summary: dict[str, Any] = {"last_step": last_step, "best_step": best, "best_ema": self.ema.best_value,
+                                   "initial_eval": self.state.initial_eval, "wall_s": wall_s}
+        if best >= 1:
+            params, _, _ = self._restore(best)
+            self._publish(params, last_step + 1)
+            ev = self.evaluate()
+            summary["best_eval"] = ev.get("eval/success_rate")
+            if c.trainer.export_best:
+                out = os.path.join(self.workdir, "best")
+                tmp = out + ".tmp"
+                shutil.rmtree(tmp, ignore_errors=True)
+                hf_io.save_hf_checkpoint(params, self.model_cfg, tmp, dtype="float32", tokenizer_dir=self.model_dir)
+                shutil.copy(os.path.join(self.workdir, "rl_config.json"), os.path.join(tmp, "rl_config.json"))
+                shutil.rmtree(out, ignore_errors=True)
+                os.replace(tmp, out)
+        plot_rewards(self.workdir, logger.rows, best)
+        write_report(self.workdir, _report(c, summary, logger.rows, self.state, collapsed))
+        config_lib.write_json_atomic(os.path.join(self.workdir, "summary.json"), summary)
+        return summary
+
+
+def _report(c, summary, rows, state: TrainerState, collapsed: bool) -> str:
+    def fmt(x):
+        return "n/a" if x is None else f"{100 * x:.1f}%"
+
+    a = c.trainer.algorithm
+    timing_keys = sorted({k for r in rows for k in r if k.startswith("timing/")})
+    timing_lines = [f"| {k[7:]} | {np.mean([float(r[k]) for r in rows if k in r and r['step'] > 0] or [0]):.2f} |"
+                    for k in timing_keys]
+    last = rows[-1] if rows else {}
+    lines = [
+        f"# jaxrl run report: {c.name} ({c.scale})", "",
+        "## Recipe", "",
+        f"- advantage estimator `{a.advantage_estimator}`, policy loss `{a.policy_loss_type}` "
+        f"(eps_clip_low {a.eps_clip_low}, eps_clip_high {a.eps_clip_high}), reduction `{a.loss_reduction}`",
+        f"- kl_loss_coef {a.kl_loss_coef}, TIS `{a.off_policy_correction.tis_ratio_type or 'off'}`, "
+        f"lr {c.trainer.optimizer.lr} (scale now {state.lr_scale:g}), grad clip {c.trainer.optimizer.max_grad_norm}",
+        f"- {c.trainer.train_batch_size} prompts x {c.generator.n_samples_per_prompt} samples per step, "
+        f"mini-batch {c.trainer.mini_batch_size} prompts, micro-batch {c.trainer.micro_batch_size} sequences",
+        f"- policy `{c.model.path or 'embedded default'}`, task `{c.data.task}`", "",
+        "## Result", "",
+        f"- steps run: {summary['last_step']} of {c.trainer.num_steps}; wall time {summary['wall_s'] / 60:.1f} min",
+        f"- best step by reward EMA (span {c.trainer.ema_span}): **{summary['best_step']}** "
+        f"(EMA {summary['best_ema']:.3f})",
+        f"- held-out success: start {fmt(summary.get('initial_eval'))} -> best-EMA checkpoint "
+        f"{fmt(summary.get('best_eval'))}",
+        f"- final step: mean reward {float(last.get('reward/avg_raw_reward', float('nan'))):.3f}, "
+        f"EMA {float(last.get('reward/ema', float('nan'))):.3f}",
+        f"- skipped (non-finite) updates: {state.skipped_updates}", "",
+        "## Events", "",
+        *([f"- {e}" for e in state.events] or ["- none"]),
+        *(["- the run stopped after a reward collapse"] if collapsed else []), "",
+        "## Mean time per step (s)", "", "| phase | seconds |", "|---|---|", *timing_lines, "",
+        "![reward](reward_plot.png)", "",
+    ]
+    return "\n".join(lines)
+
+
+class _progress:
+    """A tqdm bar over RL steps showing reward, EMA and step time (silent when disabled)."""
+
+    def __init__(self, start: int, total: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=start, desc="rl", unit="step", dynamic_ncols=True)
+        self.last = start
+
+    def update(self, step: int, reward: float, ema: float, seconds: float):
+        if self.bar is not None:
+            self.bar.update(step - self.last)
+            self.bar.set_postfix(reward=f"{reward:.3f}", ema=f"{ema:.3f}", step_s=f"{seconds:.1f}")
+        self.last = step
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run(c, workdir: str, progress: bool = True) -> dict[str, Any]:
+    """Validates `c`, then trains in `workdir` (resuming from its latest checkpoint if any).
+
+    Returns the run summary (best step, EMA, held-out success before and after, wall time).
+    Raises:
+      ConfigError: for an invalid config, before any work starts.
+    """
+    import logging
+
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax logs every save at INFO
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    return Trainer(c, workdir, progress=progress).run()

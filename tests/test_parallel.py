@@ -117,3 +117,12 @@ def test_shard_batch_rejects_non_dividing_batch():
     mesh = parallel.make_mesh(2, 4, 1)
     with pytest.raises(ValueError, match="'tokens' has 6 rows.*data x fsdp = 8"):
         parallel.shard_batch({"tokens": np.zeros((6, 4), np.int32)}, mesh)
+
+
+def test_maybe_initialize_distributed_single_process_and_bad_env(monkeypatch):
+    for k in ("JAXRL_COORDINATOR_ADDRESS", "JAXRL_NUM_PROCESSES", "JAXRL_PROCESS_ID", "SLURM_NTASKS"):
+        monkeypatch.delenv(k, raising=False)
+    assert parallel.maybe_initialize_distributed() is False
+    monkeypatch.setenv("JAXRL_COORDINATOR_ADDRESS", "127.0.0.1:1234")
+    with pytest.raises(ValueError, match="JAXRL_NUM_PROCESSES and JAXRL_PROCESS_ID"):
+        parallel.maybe_initialize_distributed()

@@ -19,7 +19,7 @@ import json
 import math
 import os
 import shutil
-from typing import Any, Iterator, Mapping
+from typing import Iterator, Mapping
 
 import numpy as np
 

@@ -30,13 +30,11 @@ V=vocab, E=hidden, L=layers, Nq/Nkv=heads, D=head_dim, I=intermediate, all float
      'norm': {'scale': [E]},
      'lm_head': [E, V]                              ('embed', 'vocab'); absent when tied}
 
-Projections are stored ``[in, out]`` (HF stores ``[out, in]``); see :mod:`jaxrl.models.hf_io`.
+Projections are stored ``[in, out]`` (HF stores ``[out, in]``); see :mod:`jaxrl.models.hf_io`,
+which also defines :class:`Qwen3Config` (re-exported here) so it is importable without JAX.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
 from typing import Any, NamedTuple
 
 import jax

@@ -41,6 +41,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.remat = "none"  # none | full | save_dots
     c.model.attention_impl = "xla"  # xla | cudnn
     c.model.logprobs_chunk_size = 1024  # tokens per chunk of the chunked log-softmax
+    c.model.preset = ""  # Qwen3 preset (e.g. "8B") used by `jaxrl.plan` when model.path is empty
 
     # ---- device mesh ----------------------------------------------------------------------
     c.mesh = ml_collections.ConfigDict()
@@ -154,6 +155,7 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
         return c
     # qwen3_8b
     c.model.path = ""  # must be given on the command line
+    c.model.preset = "8B"
     c.model.compute_dtype = "bfloat16"
     c.model.remat = "full"
     c.model.attention_impl = "cudnn"
@@ -180,12 +182,15 @@ def _require(cond: bool, key: str, problem: str, fix: str):
         raise ConfigError(key, problem, fix)
 
 
-def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
+def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check_inputs: bool = True) -> None:
     """Checks a run config before any work starts.
 
     Args:
       c: the resolved config (after command-line overrides).
       num_devices: devices the mesh must cover; None skips the mesh/device checks.
+      check_inputs: check the run's external inputs — `model.path` names a checkpoint, the
+        dataset file exists, vLLM sidecar URLs are given (False for `jaxrl.plan`, which compiles
+        from the config's shapes only).
 
     Raises:
       ConfigError: naming the first offending key, the problem and the fix.
@@ -267,7 +272,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     _require(sp.temperature > 0, "generator.sampling_params.temperature", "must be > 0", "use 1.0")
     _require(0 < sp.top_p <= 1, "generator.sampling_params.top_p", "must be in (0, 1]", "use 1.0")
     _require(g.backend in ("jax", "vllm"), "generator.backend", f"unknown backend {g.backend!r}", "use 'jax' or 'vllm'")
-    if g.backend == "vllm":
+    if g.backend == "vllm" and check_inputs:
         _require(len(g.sidecar_urls) > 0, "generator.sidecar_urls", "backend=vllm needs the URLs of running sidecars",
                  "start them with launch/vllm_sidecar.sh and pass --config.generator.sidecar_urls")
     _require(g.max_turns >= 1, "generator.max_turns", "must be >= 1", "use 1 for single-turn tasks")
@@ -278,14 +283,14 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
              "use 'none', 'full' or 'save_dots'")
     _require(c.model.attention_impl in ("xla", "cudnn"), "model.attention_impl",
              f"unknown implementation {c.model.attention_impl!r}", "use 'xla' (CPU/TPU) or 'cudnn' (GPU)")
-    if c.scale != "cpu":
+    if c.scale != "cpu" and check_inputs:
         _require(bool(c.model.path), "model.path", f"the {c.scale} scale needs an HF checkpoint",
                  "pass --config.model.path=/path/to/Qwen3-8B (a directory with config.json and *.safetensors)")
-    if c.model.path:
+    if c.model.path and check_inputs:
         _require(os.path.isfile(os.path.join(c.model.path, "config.json")), "model.path",
                  f"{c.model.path!r} is not an HF checkpoint directory (no config.json)",
                  "point it at a directory written by save_pretrained (config.json + *.safetensors)")
-    if c.data.task == "dataset":
+    if c.data.task == "dataset" and check_inputs:
         _require(bool(c.data.dataset_path) and os.path.exists(c.data.dataset_path), "data.dataset_path",
                  f"{c.data.dataset_path!r} does not exist", "point it at a .jsonl or .parquet prompt file")
     # Mesh.

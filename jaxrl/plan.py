@@ -1,0 +1,143 @@
+"""Ahead-of-time plan of a recipe's train step: compile it for the config's mesh on fake CPU
+devices, without allocating weights, and print per-device memory and compile time.
+
+  python -m jaxrl.plan --config=configs/rloo.py:qwen3_8b --num_devices=16 --seq_len=4096
+
+The compiled program is the real one (`jaxrl.train.step.train_step`: forward, chunked
+logprobs, the policy loss, micro-batch accumulation, AdamW update with donated params and
+optimizer state) over one mini-batch of `mini_batch_size * n_samples_per_prompt` sequences.
+Figures come from XLA's `memory_analysis()` of the CPU compilation: they are an estimate for
+GPU (the CPU pipeline all-reduces gradients in f32 instead of reduce-scattering, and XLA
+attention materializes [B, H, T, T] scores where cuDNN flash attention does not).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Recipe file, e.g. configs/rloo.py:qwen3_8b.")
+_NUM_DEVICES = flags.DEFINE_integer("num_devices", 0, "Fake devices (0: the product of the config's mesh axes, "
+                                    "or 8 when one axis is -1).")
+_SEQ_LEN = flags.DEFINE_integer("seq_len", 0, "Padded sequence length (0: the largest seq_len_bucket that "
+                                "max_seq_len / generator limits need).")
+_ATTENTION = flags.DEFINE_string("attention", "xla", "Attention implementation to compile on CPU (cuDNN is GPU-only).")
+
+
+def _gib(x: int) -> str:
+    return f"{x / 2**30:.2f} GiB"
+
+
+def plan(c, num_devices: int, seq_len: int, attention: str = "xla") -> dict:
+    """Compiles the train step for `c` on `num_devices` (already-created) devices; returns the figures.
+
+    Raises:
+      ConfigError: invalid config; parallel.ShardingError: a mesh that does not divide the model.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from jaxrl import config as config_lib
+    from jaxrl import parallel
+    from jaxrl.envs import DEFAULT_POLICY_DIR
+    from jaxrl.models import qwen3
+    from jaxrl.rl import losses
+    from jaxrl.train import step as step_lib
+
+    config_lib.validate(c, num_devices=num_devices, check_inputs=False)
+    runtime = dict(dtype=c.model.compute_dtype, remat=c.model.remat, attention=attention)
+    if c.model.path:
+        model_cfg = qwen3.Qwen3Config.from_pretrained(c.model.path, **runtime)
+    elif c.model.preset:
+        model_cfg = qwen3.Qwen3Config.preset(c.model.preset, **runtime)
+    else:
+        model_cfg = qwen3.Qwen3Config.from_pretrained(DEFAULT_POLICY_DIR, **runtime)
+
+    mesh = parallel.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=jax.devices()[:num_devices])
+    abstract = qwen3.abstract_params(model_cfg)
+    psh = parallel.param_shardings(qwen3.param_logical_axes(model_cfg), mesh, shapes=abstract)
+    a = c.trainer.algorithm
+    loss_cfg = losses.LossConfig(policy_loss_type=a.policy_loss_type, loss_reduction=a.loss_reduction,
+                                 max_seq_len=int(a.max_seq_len) or None, eps_clip_low=a.eps_clip_low,
+                                 eps_clip_high=a.eps_clip_high,
+                                 tis_ratio_type=a.off_policy_correction.tis_ratio_type or None)
+    rows = c.trainer.mini_batch_size * c.generator.n_samples_per_prompt
+    step_cfg = step_lib.StepConfig(loss=loss_cfg, temperature=a.temperature,
+                                   num_micro_batches=rows // c.trainer.micro_batch_size,
+                                   chunk_size=c.model.logprobs_chunk_size)
+    tx, sched = step_lib.make_optimizer(c.trainer.optimizer.lr, 1000, max_grad_norm=c.trainer.optimizer.max_grad_norm)
+    abs_opt = jax.eval_shape(tx.init, abstract)
+    osh = parallel.opt_state_shardings(abs_opt, abstract, psh, mesh)
+    with_sh = lambda tree, sh: jax.tree.map(lambda s, h: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=h), tree, sh)
+    row_sh = parallel.batch_sharding(mesh, 1)
+    tok_sh = parallel.batch_sharding(mesh, 2)
+    T = seq_len
+    i32 = lambda shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=tok_sh)
+    f32 = lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=tok_sh)
+    batch = dict(tokens=i32((rows, T)), positions=i32((rows, T)), segment_ids=i32((rows, T)),
+                 loss_mask=i32((rows, T - 1)), advantages=f32((rows, T - 1)), old_logprobs=f32((rows, T - 1)),
+                 rollout_logprobs=f32((rows, T - 1)),
+                 is_truncated=jax.ShapeDtypeStruct((rows,), jnp.bool_, sharding=row_sh))
+    weights = losses.LossWeights(policy=f32((rows, T - 1)), token=f32((rows, T - 1)),
+                                 sequence_token=f32((rows, T - 1)),
+                                 sequence=jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=row_sh))
+    fn = jax.jit(lambda p, o, b, w: step_lib.train_step(p, o, b, w, model_cfg=model_cfg, step_cfg=step_cfg, tx=tx,
+                                                        schedule=sched),
+                 out_shardings=(psh, osh, None), donate_argnums=(0, 1))
+    t0 = time.perf_counter()
+    with jax.set_mesh(mesh):
+        lowered = fn.lower(with_sh(abstract, psh), with_sh(abs_opt, osh), batch, weights)
+        compiled = lowered.compile()
+    compile_s = time.perf_counter() - t0
+    mem = compiled.memory_analysis()
+    n_params = sum(int(jnp.prod(jnp.array(x.shape))) for x in jax.tree.leaves(abstract))
+    out = dict(mesh=dict(mesh.shape), params=n_params, rows=rows, seq_len=T,
+               micro_batches=step_cfg.num_micro_batches, compile_s=compile_s,
+               argument_bytes=int(mem.argument_size_in_bytes), output_bytes=int(mem.output_size_in_bytes),
+               alias_bytes=int(mem.alias_size_in_bytes), temp_bytes=int(mem.temp_size_in_bytes))
+    out["total_bytes"] = out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
+    return out
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    c = _CONFIG.value
+    if c is None:
+        raise app.UsageError("--config is required")
+    axes = [int(c.mesh.data), int(c.mesh.fsdp), int(c.mesh.tensor)]
+    n = _NUM_DEVICES.value or (8 if -1 in axes else axes[0] * axes[1] * axes[2])
+    if "jax" in sys.modules:
+        raise RuntimeError("jaxrl.plan must set the fake device count before jax is imported")
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}").strip()
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    seq_len = _SEQ_LEN.value
+    if not seq_len:
+        from jaxrl.train.trainer import bucket_length
+
+        g = c.generator
+        need = int(c.trainer.algorithm.max_seq_len) or (c.data.max_prompt_length + g.max_turns *
+                                                         g.sampling_params.max_generate_length)
+        seq_len = bucket_length(need, c.trainer.seq_len_buckets)
+    from jaxrl.config import ConfigError
+    from jaxrl.parallel import ShardingError
+
+    try:
+        r = plan(c, n, seq_len, _ATTENTION.value)
+    except (ConfigError, ShardingError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    m = r["mesh"]
+    print(f"jaxrl plan: {c.name} ({c.scale}), {r['params'] / 1e9:.3f} B params, mesh data={m['data']} x "
+          f"fsdp={m['fsdp']} x tensor={m['tensor']} ({n} devices)")
+    print(f"  mini-batch: {r['rows']} sequences x {r['seq_len']} tokens in {r['micro_batches']} micro-batches")
+    print(f"  per device: arguments {_gib(r['argument_bytes'])}, outputs {_gib(r['output_bytes'])} "
+          f"(aliased {_gib(r['alias_bytes'])}), temporaries {_gib(r['temp_bytes'])}, total {_gib(r['total_bytes'])}")
+    print(f"  compile time: {r['compile_s']:.1f} s")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -205,6 +205,13 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
         "kl_estimator": rl_losses.KL_ESTIMATORS,
     }
     t, a, g = c.trainer, c.trainer.algorithm, c.generator
+    if c.scale != "cpu" and check_inputs:
+        _require(bool(c.model.path), "model.path", f"the {c.scale} scale needs an HF checkpoint",
+                 "pass --config.model.path=/path/to/Qwen3-8B (a directory with config.json and *.safetensors)")
+    if c.model.path and check_inputs:
+        _require(os.path.isfile(os.path.join(c.model.path, "config.json")), "model.path",
+                 f"{c.model.path!r} is not an HF checkpoint directory (no config.json)",
+                 "point it at a directory written by save_pretrained (config.json + *.safetensors)")
     # Algorithm names.
     for key, value, kind in (
         ("trainer.algorithm.advantage_estimator", a.advantage_estimator, "advantage_estimator"),
@@ -283,13 +290,6 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
              "use 'none', 'full' or 'save_dots'")
     _require(c.model.attention_impl in ("xla", "cudnn"), "model.attention_impl",
              f"unknown implementation {c.model.attention_impl!r}", "use 'xla' (CPU/TPU) or 'cudnn' (GPU)")
-    if c.scale != "cpu" and check_inputs:
-        _require(bool(c.model.path), "model.path", f"the {c.scale} scale needs an HF checkpoint",
-                 "pass --config.model.path=/path/to/Qwen3-8B (a directory with config.json and *.safetensors)")
-    if c.model.path and check_inputs:
-        _require(os.path.isfile(os.path.join(c.model.path, "config.json")), "model.path",
-                 f"{c.model.path!r} is not an HF checkpoint directory (no config.json)",
-                 "point it at a directory written by save_pretrained (config.json + *.safetensors)")
     if c.data.task == "dataset" and check_inputs:
         _require(bool(c.data.dataset_path) and os.path.exists(c.data.dataset_path), "data.dataset_path",
                  f"{c.data.dataset_path!r} does not exist", "point it at a .jsonl or .parquet prompt file")

@@ -168,9 +168,7 @@ class Trainer:
         self.workdir = os.path.abspath(workdir)
         self.progress = progress
         self.timings: dict[str, float] = {}
-        os.makedirs(self.workdir, exist_ok=True)
         config_lib.validate(c, num_devices=jax.device_count())
-        self._check_resume_config()
 
         # Model and tokenizer.
         self.model_dir = c.model.path or DEFAULT_POLICY_DIR
@@ -187,7 +185,12 @@ class Trainer:
                 "trainer.micro_batch_size", f"{c.trainer.micro_batch_size} sequences do not split over "
                 f"data x fsdp = {rows_axis} devices", f"use a multiple of {rows_axis}")
         axes = qwen3.param_logical_axes(self.model_cfg)
-        self.param_sharding = parallel.param_shardings(axes, self.mesh, shapes=qwen3.abstract_params(self.model_cfg))
+        try:
+            self.param_sharding = parallel.param_shardings(axes, self.mesh,
+                                                           shapes=qwen3.abstract_params(self.model_cfg))
+        except parallel.ShardingError as e:
+            raise config_lib.ConfigError("mesh", str(e), "set --config.mesh.data/fsdp/tensor to one of the "
+                                         "mesh shapes listed above") from None
 
         # Objective.
         a = c.trainer.algorithm
@@ -211,6 +214,9 @@ class Trainer:
                                             chunk_size=c.model.logprobs_chunk_size)
         self.total_opt_steps = c.trainer.num_steps * self.num_minibatches * c.trainer.update_epochs_per_batch
 
+        # Everything above only validates; from here on the run directory is written.
+        os.makedirs(self.workdir, exist_ok=True)
+        self._check_resume_config()
         self.ckpt = CheckpointStore(self.workdir, max_to_keep=c.trainer.max_ckpts_to_keep)
         self.sync_dir = os.path.join(self.workdir, "sync")
         self.state = TrainerState()

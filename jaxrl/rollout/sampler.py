@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import secrets
 import threading
 import time
@@ -230,7 +231,7 @@ class Sampler:
     def load_version(self, version_dir: str, version: int) -> weight_sync.SyncStats:
         """Loads a published version (weight_sync layout) into this engine (sidecar `Engine`)."""
         t0 = time.perf_counter()
-        sync_dir, name = version_dir.rstrip("/").rsplit("/", 1)
+        sync_dir, name = os.path.split(os.path.normpath(version_dir))
         if int(name) != int(version):
             raise ValueError(f"load_version: directory {version_dir} holds version {name}, not {version}")
         target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.params)

@@ -386,11 +386,29 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default="jaxrl.rollout.sampler:engine_from_args",
                    help="'module:function' building the engine from these parsed arguments")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--exit-with-parent", action="store_true",
+                   help="exit when the process that started this one dies (trainer-owned sidecars)")
     return p
+
+
+def _exit_with_parent() -> None:
+    """Exits this process as soon as its parent dies (e.g. the trainer was killed with SIGKILL)."""
+    parent = os.getppid()
+
+    def watch():
+        while True:
+            if os.getppid() != parent:
+                log.warning("parent process %d is gone; exiting", parent)
+                os._exit(0)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = build_arg_parser().parse_args(argv)
+    if args.exit_with_parent:
+        _exit_with_parent()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     token = None
     if args.token_file:
@@ -548,6 +566,14 @@ class SidecarError(RuntimeError):
         self.status = status
 
 
+def chunk_params(params: SamplingParams, chunk_index: int) -> SamplingParams:
+    """The sampling params of chunk `chunk_index` of a split request: a seed derived from the
+    request's seed and the chunk index, so different chunks never share a random stream."""
+    if params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=(int(params.seed) * 1_000_003 + 7919 * (chunk_index + 1)) % 2**31)
+
+
 class SidecarClient:
     """`types.Generator` over one or more sidecars (JAX sidecars or ``vllm serve`` + our worker).
 
@@ -692,11 +718,13 @@ class SidecarClient:
         """
         if not prompts:
             return []
-        k = self.max_prompts_per_request
+        # vLLM seeds each prompt of a multi-prompt request with the same seed (identical random
+        # streams across prompts), so it gets one prompt per request.
+        k = 1 if self.backend == "vllm" else self.max_prompts_per_request
         chunks = [prompts[i:i + k] for i in range(0, len(prompts), k)]
         if len(chunks) == 1:
             return self._complete(chunks[0], params)
-        futures = [self._pool.submit(self._complete, c, params) for c in chunks]
+        futures = [self._pool.submit(self._complete, c, chunk_params(params, i)) for i, c in enumerate(chunks)]
         return [g for f in futures for g in f.result()]
 
     # -- control -------------------------------------------------------------------------------

@@ -46,11 +46,77 @@ from jaxrl.train.metrics import RewardEMA, RunLogger, plot_rewards, write_report
 # Keys that may differ between the rl_config.json of a run and the command that resumes it.
 RESUMABLE_CHANGES = ("trainer.num_steps",)
 
+# Fault injection for the kill tests: JAXRL_KILL_AT="<point>:<step>" makes the trainer SIGKILL
+# itself at that point of that step (points: "generate" = after the first rollout turn was
+# generated, "save" = while the checkpoint of the step is being written).
+_KILL_ENV = "JAXRL_KILL_AT"
+
+
+def _maybe_kill(point: str, step: int) -> None:
+    spec = os.environ.get(_KILL_ENV, "")
+    if spec and spec == f"{point}:{step}":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
 
 def _derive_seed(*parts: int) -> int:
     """A 31-bit seed from integers (stable across processes and Python versions)."""
     h = hashlib.sha256(",".join(str(int(p)) for p in parts).encode()).digest()
     return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
+
+
+def _sync(name: str) -> None:
+    """Barrier across processes (no-op in a single-process run)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def _broadcast_from_main(tree: Optional[dict]) -> dict:
+    """Process 0's dict of numpy arrays, on every process (identity in a single-process run).
+
+    Shapes are sent first (other processes do not know the bucketed length), then the arrays.
+    """
+    if jax.process_count() == 1:
+        return tree
+    from jax.experimental import multihost_utils
+
+    meta = json.dumps({k: [list(v.shape), str(v.dtype)] for k, v in tree.items()}) if tree is not None else ""
+    buf = np.zeros(1 << 16, np.uint8)
+    if tree is not None:
+        raw = np.frombuffer(meta.encode(), np.uint8)
+        buf[:raw.size] = raw
+    buf = np.asarray(multihost_utils.broadcast_one_to_all(buf))
+    spec = json.loads(bytes(buf).rstrip(b"\0").decode())
+    template = tree if tree is not None else {k: np.zeros(shape, dtype) for k, (shape, dtype) in spec.items()}
+    return {k: np.asarray(v) for k, v in multihost_utils.broadcast_one_to_all(template).items()}
+
+
+def _global_array(x: np.ndarray, mesh) -> jax.Array:
+    """A host array present in full on every process -> a global array with the batch sharding."""
+    sharding = parallel.batch_sharding(mesh, x.ndim) if x.ndim else jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec())
+    n = mesh.shape["data"] * mesh.shape["fsdp"]
+    if x.ndim and x.shape[0] % n:
+        raise ValueError(f"batch of {x.shape[0]} rows does not split over data x fsdp = {n} devices")
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+
+class _NoLogger:
+    """Stands in for RunLogger on processes other than 0."""
+
+    rows: list = []
+
+    def log_step(self, *a, **k):
+        pass
+
+    def log_trials(self, *a, **k):
+        pass
+
+    def close(self):
+        pass
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -168,6 +234,10 @@ class Trainer:
         self.workdir = os.path.abspath(workdir)
         self.progress = progress
         self.timings: dict[str, float] = {}
+        # Multi-process runs (one process per host): process 0 drives the sidecars, rollouts,
+        # evaluation and run logs; every process takes part in the sharded update, the weight
+        # publication and the checkpoints. The run directory must be on a shared filesystem.
+        self.is_main = jax.process_index() == 0
         config_lib.validate(c, num_devices=jax.device_count())
 
         # Model and tokenizer.
@@ -217,6 +287,7 @@ class Trainer:
         # Everything above only validates; from here on the run directory is written.
         os.makedirs(self.workdir, exist_ok=True)
         self._check_resume_config()
+        _sync("config")
         self.ckpt = CheckpointStore(self.workdir, max_to_keep=c.trainer.max_ckpts_to_keep)
         self.sync_dir = os.path.join(self.workdir, "sync")
         self.state = TrainerState()
@@ -237,7 +308,8 @@ class Trainer:
                 raise config_lib.ConfigError(
                     diff[0], f"the workdir {self.workdir} holds a run with a different config "
                     f"(differs in: {', '.join(diff[:8])})", "resume with the same command, or use a new --workdir")
-        config_lib.write_json_atomic(path, new)
+        if self.is_main:
+            config_lib.write_json_atomic(path, new)
 
     # -- compiled functions -------------------------------------------------------------------
     def _build_optimizer(self):
@@ -275,7 +347,7 @@ class Trainer:
             return
         rows = min(512, c.trainer.train_batch_size * c.generator.n_samples_per_prompt)
         max_seq = self._rollout_cfg().max_seq_len
-        extra = ["--resume-latest", "--max-batch-rows", str(rows), "--max-seq-len", str(max_seq),
+        extra = ["--resume-latest", "--exit-with-parent", "--max-batch-rows", str(rows), "--max-seq-len", str(max_seq),
                  "--dtype", c.model.compute_dtype, "--log-level", "warning"]
         env = {"XLA_FLAGS": "", "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "")}
         for i in range(c.generator.num_sidecars):
@@ -303,9 +375,11 @@ class Trainer:
         return bool(dead)
 
     def _publish(self, params, version: int):
+        """Every process writes its shards of version `version`; process 0 then has the sidecars load it."""
         t0 = time.perf_counter()
         stats = weight_sync.publish(params, self.sync_dir, version, keep=self.c.trainer.weight_sync_keep)
-        self.client.load_weights(version, weight_sync.version_path(self.sync_dir, version))
+        if self.is_main:
+            self.client.load_weights(version, weight_sync.version_path(self.sync_dir, version))
         self.state.policy_version = version
         self.timings["sync_weights"] = time.perf_counter() - t0
         self.last_sync_bytes = stats.bytes
@@ -328,9 +402,10 @@ class Trainer:
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """Held-out success rate (reward >= 1) and mean reward of the served policy version."""
+        """Held-out success rate (reward >= 1) and mean reward of the served policy version
+        (process 0 only; other processes get {})."""
         tasks = self.prompts.eval_batch()
-        if not tasks:
+        if not tasks or not self.is_main:
             return {}
         t0 = time.perf_counter()
         es = self.c.generator.eval_sampling_params
@@ -343,26 +418,40 @@ class Trainer:
         return {"eval/success_rate": float(np.mean(rewards >= 1.0)), "eval/avg_reward": float(rewards.mean())}
 
     # -- one RL step --------------------------------------------------------------------------
-    def _rl_step(self, step: int, params, opt_state):
+    def _rollout_batch(self, step: int):
+        """Process 0: rollouts, rewards, advantages and the packed batch of `step`."""
         c, n = self.c, self.c.generator.n_samples_per_prompt
-        t_step = time.perf_counter()
         tasks = self.prompts.train_batch(step)
         sp = c.generator.sampling_params
         sampling = SamplingParams(temperature=sp.temperature, top_p=sp.top_p, top_k=max(sp.top_k, 0),
                                   seed=_derive_seed(c.seed, step, 3))
         t0 = time.perf_counter()
         trajs = self._generate(tasks, sampling, n=n)
+        _maybe_kill("generate", step)
         self.timings["generate"] = time.perf_counter() - t0
-
         rewards = np.array([t.reward for t in trajs], np.float32)
         group_ids = np.array([t.group_id for t in trajs], np.int32)
         baseline_mask = np.array([t.stop_reason != "env_error" for t in trajs])
         advantages = np.asarray(adv_lib.compute_advantages(rewards, group_ids, baseline_mask, self.adv_cfg))
         batch = pack_trajectories(trajs, advantages, c.trainer.seq_len_buckets)
+        return trajs, rewards, advantages, batch
+
+    def _rl_step(self, step: int, params, opt_state):
+        c, n = self.c, self.c.generator.n_samples_per_prompt
+        t_step = time.perf_counter()
+        trajs = None
+        if self.is_main:
+            trajs, rewards, advantages, batch = self._rollout_batch(step)
+            host = dict(batch, rewards=rewards, advantages_seq=advantages)
+        else:
+            host = None
+        host = _broadcast_from_main(host)
+        rewards, advantages = host.pop("rewards"), host.pop("advantages_seq")
+        batch = host
 
         t0 = time.perf_counter()
         with jax.set_mesh(self.mesh):
-            dev = parallel.shard_batch(batch, self.mesh)
+            dev = {k: _global_array(v, self.mesh) for k, v in batch.items()}
             old_lp = self._logprobs(params, dev["tokens"], dev["positions"], dev["segment_ids"])
             if losses.needs_reference_model(self.loss_cfg):
                 dev["ref_logprobs"] = self._logprobs(self.ref_params, dev["tokens"], dev["positions"],
@@ -385,7 +474,6 @@ class Trainer:
         skipped = int(sum(m["update_skipped"] for m in step_metrics))
         self.state.skipped_updates += skipped
 
-        t0 = time.perf_counter()
         self._publish(params, step)
 
         # Metrics (SkyRL names where the concept is the same).
@@ -408,7 +496,7 @@ class Trainer:
         m["reward/success_rate"] = float(np.mean(rewards >= 1.0))
         m["loss/avg_raw_advantages"] = float(advantages.mean())
         m["loss/avg_raw_advantages_abs"] = float(np.abs(advantages).mean())
-        ntok = np.array([int(t.loss_mask.sum()) for t in trajs])
+        ntok = batch["loss_mask"].sum(axis=1)
         m["generate/avg_num_tokens"] = float(ntok.mean())
         m["generate/max_num_tokens"] = float(ntok.max())
         m["generate/min_num_tokens"] = float(ntok.min())
@@ -424,7 +512,7 @@ class Trainer:
                    "task_id": t.info.get("task_id", ""),
                    "prompt": self.chat.tokenizer.decode(t.prompt_ids.tolist()),
                    "response": self.chat.tokenizer.decode(t.response_ids.tolist())}
-                  for t, a in zip(trajs, advantages)]
+                  for t, a in zip(trajs or [], advantages)]
         return params, opt_state, m, trials, is_best
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -434,6 +522,7 @@ class Trainer:
         self.state.data_position = step * self.c.trainer.train_batch_size
         self.state.ema = self.ema.state_dict()
         self.ckpt.save(step, params, opt_state, dataclasses.asdict(self.state), self.ema.value)
+        _maybe_kill("save", step)  # the async write is in flight here
         self.ckpt.wait()
         self.timings["save_checkpoints"] = time.perf_counter() - t0
 
@@ -466,19 +555,23 @@ class Trainer:
                     self._build_optimizer()
                 start = latest
                 print(f"jaxrl: resuming {self.workdir} from step {latest}", file=sys.stderr)
-        logger = RunLogger(self.workdir, resume_step=start if latest is not None else None)
-        shutil.rmtree(self.sync_dir, ignore_errors=True)  # versions are republished from the checkpoint
-        os.makedirs(self.sync_dir, exist_ok=True)
+        logger = (RunLogger(self.workdir, resume_step=start if latest is not None else None) if self.is_main
+                  else _NoLogger())
+        if self.is_main:
+            shutil.rmtree(self.sync_dir, ignore_errors=True)  # versions are republished from the checkpoint
+            os.makedirs(self.sync_dir, exist_ok=True)
+        _sync("sync_dir")
         stopped_by_collapse = False
         try:
-            self._start_sidecars()
+            if self.is_main:
+                self._start_sidecars()
             self._publish(params, start)
             if start == 0 and c.trainer.eval_before_train:
                 ev = self.evaluate()
                 if ev:
                     self.state.initial_eval = ev["eval/success_rate"]
                     logger.log_step(0, {**ev, "timing/eval": self.timings["eval"]})
-            bar = _progress(start, c.trainer.num_steps, enabled=self.progress)
+            bar = _progress(start, c.trainer.num_steps, enabled=self.progress and self.is_main)
             step = start
             for step in range(start + 1, c.trainer.num_steps + 1):
                 params, opt_state, m, trials, is_best = self._rl_step(step, params, opt_state)
@@ -539,13 +632,21 @@ class Trainer:
             ev = self.evaluate()
             summary["best_eval"] = ev.get("eval/success_rate")
             if c.trainer.export_best:
-                out = os.path.join(self.workdir, "best")
-                tmp = out + ".tmp"
-                shutil.rmtree(tmp, ignore_errors=True)
-                hf_io.save_hf_checkpoint(params, self.model_cfg, tmp, dtype="float32", tokenizer_dir=self.model_dir)
-                shutil.copy(os.path.join(self.workdir, "rl_config.json"), os.path.join(tmp, "rl_config.json"))
-                shutil.rmtree(out, ignore_errors=True)
-                os.replace(tmp, out)
+                if jax.process_count() > 1:  # the exporter reads whole tensors on process 0
+                    from jax.experimental import multihost_utils
+
+                    params = multihost_utils.process_allgather(params, tiled=True)
+                if self.is_main:
+                    out = os.path.join(self.workdir, "best")
+                    tmp = out + ".tmp"
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    hf_io.save_hf_checkpoint(params, self.model_cfg, tmp, dtype="float32",
+                                             tokenizer_dir=self.model_dir)
+                    shutil.copy(os.path.join(self.workdir, "rl_config.json"), os.path.join(tmp, "rl_config.json"))
+                    shutil.rmtree(out, ignore_errors=True)
+                    os.replace(tmp, out)
+        if not self.is_main:
+            return summary
         plot_rewards(self.workdir, logger.rows, best)
         write_report(self.workdir, _report(c, summary, logger.rows, self.state, collapsed))
         config_lib.write_json_atomic(os.path.join(self.workdir, "summary.json"), summary)

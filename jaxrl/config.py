@@ -62,6 +62,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.generator.backend = "jax"  # jax (built-in engine sidecar) | vllm (external sidecars)
     c.generator.sidecar_urls = ()  # for backend=vllm: base URLs of running sidecars
     c.generator.num_sidecars = 1  # for backend=jax: sidecar processes to spawn
+    c.generator.token_file = ""  # shared sidecar token; "" = workdir/.sidecar_token (created)
     c.generator.n_samples_per_prompt = 8
     c.generator.max_turns = 1
     c.generator.enable_thinking = False

@@ -22,7 +22,10 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if _CONFIG.value is None:
         raise app.UsageError("--config is required, e.g. --config=configs/rloo.py")
+    from jaxrl import parallel
     from jaxrl.config import ConfigError
+
+    parallel.maybe_initialize_distributed()  # multi-host runs (JAXRL_* or SLURM env); no-op otherwise
     from jaxrl.train import trainer
 
     config = _CONFIG.value

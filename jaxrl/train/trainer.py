@@ -360,6 +360,11 @@ class Trainer:
                                     max_prompts_per_request=max(1, rows // c.generator.n_samples_per_prompt))
 
     def _token_file(self) -> str:
+        if self.c.generator.token_file:
+            if not os.path.isfile(self.c.generator.token_file):
+                raise config_lib.ConfigError("generator.token_file", f"{self.c.generator.token_file!r} does not exist",
+                                             "point it at the token file the sidecars were started with")
+            return self.c.generator.token_file
         path = os.path.join(self.workdir, ".sidecar_token")
         if not os.path.exists(path):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

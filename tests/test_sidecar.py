@@ -120,8 +120,10 @@ def test_client_spreads_chunks_over_sidecars(fake):
     out = client.generate(prompts, SamplingParams(max_tokens=4, n=2, seed=9))
     assert len(out) == 8 and all(len(g) == 2 for g in out)
     for k, (p, group) in enumerate(zip(prompts, out)):
-        for j, c in enumerate(group):  # prompt index is relative to its chunk of 2
-            assert c.token_ids == expected_tokens(p, 0, 9, k % 2, j, 4)[0]
+        # prompt index is relative to its chunk of 2; chunk i is sent with seed chunk_params(seed, i)
+        chunk_seed = (9 * 1_000_003 + 7919 * (k // 2 + 1)) % 2**31
+        for j, c in enumerate(group):
+            assert c.token_ids == expected_tokens(p, 0, chunk_seed, k % 2, j, 4)[0]
     assert all(len(e.batches) > 0 for e in engines), [e.batches for e in engines]
     client.close()
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from typing import Any
 
 import ml_collections
+
+from jaxrl.fileio import atomic_write_json
 
 
 class ConfigError(ValueError):
@@ -313,11 +314,4 @@ def to_json_dict(c: ml_collections.ConfigDict) -> dict[str, Any]:
 
 def write_json_atomic(path: str, obj: Any) -> None:
     """Writes JSON to `path` atomically (temp file in the same directory, then rename)."""
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp_", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_json(path, obj)

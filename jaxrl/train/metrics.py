@@ -13,30 +13,9 @@ import io
 import json
 import math
 import os
-import tempfile
 from typing import Any, Iterable, Optional
 
-
-def _atomic_write_text(path: str, text: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp_")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _atomic_write_bytes(path: str, data: bytes) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp_")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+from jaxrl.fileio import atomic_write_bytes, atomic_write_text
 
 
 @dataclasses.dataclass
@@ -140,7 +119,7 @@ class RunLogger:
             return list(csv.DictReader(f))
 
     def _rewrite_step_logs(self) -> None:
-        _atomic_write_text(self.jsonl_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.rows))
+        atomic_write_text(self.jsonl_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.rows))
         fields: list[str] = []
         for r in self.rows:
             fields.extend(k for k in r if k not in fields)
@@ -149,7 +128,7 @@ class RunLogger:
         w.writeheader()
         for r in self.rows:
             w.writerow(r)
-        _atomic_write_text(self.metrics_path, buf.getvalue())
+        atomic_write_text(self.metrics_path, buf.getvalue())
 
     def _rewrite_trials(self, rows: list[dict[str, Any]]) -> None:
         if not rows:
@@ -160,7 +139,7 @@ class RunLogger:
         w = csv.DictWriter(buf, fieldnames=self.trial_fields)
         w.writeheader()
         w.writerows(rows)
-        _atomic_write_text(self.trials_path, buf.getvalue())
+        atomic_write_text(self.trials_path, buf.getvalue())
 
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
         """Appends one row (all metrics of one RL step) to metrics.csv, trainer_log.jsonl, tensorboard."""
@@ -182,7 +161,7 @@ class RunLogger:
         """
         trials = list(trials)
         text_keys = {"prompt", "response", "messages"}
-        _atomic_write_text(
+        atomic_write_text(
             os.path.join(self.workdir, "rollouts", f"step_{step:06d}.jsonl"),
             "".join(json.dumps({"step": step, **t}, default=str) + "\n" for t in trials),
         )
@@ -231,12 +210,12 @@ def plot_rewards(workdir: str, rows: list[dict[str, Any]], best_step: int, rewar
     fig.savefig(buf, format="png")
     plt.close(fig)
     path = os.path.join(workdir, "reward_plot.png")
-    _atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue())
     return path
 
 
 def write_report(workdir: str, text: str) -> str:
     """Writes workdir/report.md atomically; returns the path."""
     path = os.path.join(workdir, "report.md")
-    _atomic_write_text(path, text)
+    atomic_write_text(path, text)
     return path

@@ -92,9 +92,9 @@ class Settings:
     """
 
     seed: int = 0
-    steps: int = 640
+    steps: int = 560
     batch_size: int = 64
-    calculator_batch_size: int = 2
+    calculator_batch_size: int = 4
     lr: float = 1e-3
     warmup_steps: int = 20
     weight_decay: float = 0.0
@@ -321,7 +321,8 @@ def write_policy(params: dict, out_dir: str, with_tokenizer: bool = False) -> li
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
         json.dump(GENERATION_CONFIG, f, indent=2)
         f.write("\n")
-    return written + ["generation_config.json"]
+    os.chmod(os.path.join(out_dir, hf_io.SAFE_SINGLE), 0o644)
+    return list(dict.fromkeys(written + ["generation_config.json"]))
 
 
 def file_sha256(path: str) -> str:

@@ -90,6 +90,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.trainer.weight_sync_keep = 2  # published policy versions kept in sync_dir
     c.trainer.seq_len_buckets = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
     c.trainer.ema_span = 5  # trailing EMA of the mean reward: alpha = 2 / (span + 1)
+    # Also checkpoint every step whose EMA is a new best, so the best checkpoint is the true best
+    # step (cheap for small models). False: the best is the best-EMA step among the interval
+    # checkpoints (what large models use: a checkpoint per step would dominate the run time).
+    c.trainer.save_on_new_best = True
     c.trainer.export_best = True  # HF export of the best-EMA checkpoint to workdir/best/
 
     c.trainer.optimizer = ml_collections.ConfigDict()
@@ -176,6 +180,7 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     c.trainer.eval_interval = 10
     c.trainer.ckpt_interval = 5
     c.trainer.seq_len_buckets = (4096, 8192, 16384, 32768)
+    c.trainer.save_on_new_best = False
     return c
 
 

@@ -479,7 +479,7 @@ class Trainer:
         skipped = int(sum(m["update_skipped"] for m in step_metrics))
         self.state.skipped_updates += skipped
 
-        self._publish(params, step)
+        self._publish(params, self.state.policy_version + 1)
 
         # Metrics (SkyRL names where the concept is the same).
         def agg(key):
@@ -570,7 +570,7 @@ class Trainer:
         try:
             if self.is_main:
                 self._start_sidecars()
-            self._publish(params, start)
+            self._publish(params, self.state.policy_version)
             if start == 0 and c.trainer.eval_before_train:
                 ev = self.evaluate()
                 if ev:
@@ -583,13 +583,17 @@ class Trainer:
                 if c.trainer.eval_interval and step % c.trainer.eval_interval == 0 or step == c.trainer.num_steps:
                     m.update(self.evaluate())
                     m["timing/eval"] = self.timings.get("eval", 0.0)
-                if is_best or step % c.trainer.ckpt_interval == 0 or step == c.trainer.num_steps:
-                    self._save(step, params, opt_state)
-                    m["timing/save_checkpoints"] = self.timings["save_checkpoints"]
                 for k in ("generate", "fwd_logprobs", "policy_train", "sync_weights", "step"):
                     m[f"timing/{k}"] = self.timings.get(k, 0.0)
+                # Logs first, then the checkpoint: a run killed in between resumes from the previous
+                # checkpoint and drops these rows, so logs never miss a step that a checkpoint covers.
                 logger.log_step(step, m)
                 logger.log_trials(step, trials)
+                if ((is_best and c.trainer.save_on_new_best) or step % c.trainer.ckpt_interval == 0
+                        or step == c.trainer.num_steps):
+                    self._save(step, params, opt_state)
+                    m["timing/save_checkpoints"] = self.timings["save_checkpoints"]
+                    logger.log_step(step, m)  # replaces the row, now with the save time
                 bar.update(step, m["reward/avg_raw_reward"], m["reward/ema"], self.timings["step"])
                 collapse = c.trainer.collapse
                 if collapse.enabled and self.ema.steps_below >= collapse.patience:
@@ -623,7 +627,7 @@ class Trainer:
         self._build_optimizer()
         params, opt_state, _ = self._restore(best)
         self.ema.steps_below = 0
-        self._publish(params, step)  # the next rollouts use the restored weights
+        self._publish(params, self.state.policy_version + 1)  # the next rollouts use the restored weights
         return params, opt_state
 
     def _finish(self, logger: RunLogger, last_step: int, wall_s: float, collapsed: bool) -> dict[str, Any]:
@@ -633,7 +637,7 @@ class Trainer:
                                    "initial_eval": self.state.initial_eval, "wall_s": wall_s}
         if best >= 1:
             params, _, _ = self._restore(best)
-            self._publish(params, last_step + 1)
+            self._publish(params, self.state.policy_version + 1)
             ev = self.evaluate()
             summary["best_eval"] = ev.get("eval/success_rate")
             if c.trainer.export_best:

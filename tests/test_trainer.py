@@ -1,0 +1,82 @@
+"""The main job end to end on CPU (subprocesses, one device): a shortened default recipe improves
+the embedded policy; `kill -9` mid-run (after a step's rollouts, and during a checkpoint save)
+then rerunning the same command gives the metrics of an uninterrupted run."""
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**{k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRL_KILL_AT")},
+       "JAX_PLATFORMS": "cpu", "TOKENIZERS_PARALLELISM": "false"}
+
+SMALL = ["--config.trainer.train_batch_size=8", "--config.trainer.mini_batch_size=4",
+         "--config.trainer.micro_batch_size=16", "--config.trainer.ckpt_interval=2",
+         "--config.data.num_eval_prompts=16", "--config.trainer.eval_interval=0"]
+
+
+def _main(workdir, *overrides, kill_at=None, timeout=600):
+    env = dict(ENV)
+    if kill_at:
+        env["JAXRL_KILL_AT"] = kill_at
+    cmd = [sys.executable, "-m", "jaxrl.main", "--config=configs/rloo.py", f"--workdir={workdir}", *overrides]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _metrics(workdir):
+    with open(os.path.join(workdir, "metrics.csv")) as f:
+        rows = list(csv.DictReader(f))
+    # Everything but wall-clock timings must be identical.
+    return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in rows]
+
+
+def test_short_recipe_improves_reward(tmp_path):
+    """The default recipe (64 prompts x 8 samples, lr 1e-4, seed 0) cut to 20 steps: the mean
+    training reward of steps 16-20 exceeds that of steps 1-5 by at least 0.04 (measured here:
+    0.183 -> 0.259), and the best-EMA checkpoint is no worse on held-out prompts than the start
+    (measured: 0.28 -> 0.34 on 100 prompts)."""
+    wd = str(tmp_path / "run")
+    out = _main(wd, "--config.trainer.num_steps=20", "--config.data.num_eval_prompts=100",
+                "--config.trainer.eval_interval=0")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.load(open(os.path.join(wd, "summary.json")))
+    rows = _metrics(wd)
+    reward = {int(r["step"]): float(r["reward/avg_raw_reward"]) for r in rows if r["reward/avg_raw_reward"]}
+    first, last = np.mean([reward[s] for s in range(1, 6)]), np.mean([reward[s] for s in range(16, 21)])
+    assert last >= first + 0.04, (first, last)
+    assert summary["best_eval"] >= summary["initial_eval"], summary
+    assert summary["best_step"] > 10, summary
+    for name in ("rl_config.json", "metrics.csv", "trainer_log.jsonl", "trial_stats.csv", "reward_plot.png",
+                 "report.md", "best/config.json", "best/model.safetensors", "best/tokenizer.json",
+                 "best/rl_config.json", "rollouts/step_000020.jsonl"):
+        assert os.path.exists(os.path.join(wd, name)), name
+    assert os.listdir(os.path.join(wd, "tensorboard"))
+    report = open(os.path.join(wd, "report.md")).read()
+    assert f"best step by reward EMA (span 5): **{summary['best_step']}**" in report
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    wd = str(tmp_path_factory.mktemp("uninterrupted") / "run")
+    out = _main(wd, "--config.trainer.num_steps=4", *SMALL)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return _metrics(wd)
+
+
+@pytest.mark.parametrize("kill_at", ["generate:3", "save:2"])
+def test_kill_9_and_rerun_resumes_with_identical_metrics(tmp_path, uninterrupted, kill_at):
+    wd = str(tmp_path / "run")
+    killed = _main(wd, "--config.trainer.num_steps=4", *SMALL, kill_at=kill_at)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = _main(wd, "--config.trainer.num_steps=4", *SMALL)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    step = int(kill_at.split(":")[1])
+    resumed_from = [line for line in resumed.stderr.splitlines() if "resuming" in line]
+    assert resumed_from, resumed.stderr[-2000:]
+    assert int(resumed_from[0].rsplit(" ", 1)[1]) < step + (kill_at.startswith("save")), resumed_from
+    assert _metrics(wd) == uninterrupted

@@ -80,3 +80,31 @@ def test_kill_9_and_rerun_resumes_with_identical_metrics(tmp_path, uninterrupted
     assert resumed_from, resumed.stderr[-2000:]
     assert int(resumed_from[0].rsplit(" ", 1)[1]) < step + (kill_at.startswith("save")), resumed_from
     assert _metrics(wd) == uninterrupted
+
+
+def test_reward_collapse_rolls_back_once_then_stops(tmp_path):
+    """lr 0.03 wrecks the policy (reward -> 0 after one update). With drop 0.05 / patience 2 the
+    EMA (0.141, 0.094, 0.063, 0.042 by hand: alpha 1/3) is a collapse at step 4 -> roll back to
+    the best step (1) with lr x0.5; it collapses again -> the run stops (max_rollbacks 1)."""
+    wd = str(tmp_path / "run")
+    out = _main(wd, "--config.trainer.num_steps=10", "--config.trainer.train_batch_size=16",
+                "--config.trainer.mini_batch_size=16", "--config.trainer.micro_batch_size=64",
+                "--config.data.num_eval_prompts=16", "--config.trainer.eval_interval=0",
+                "--config.trainer.optimizer.lr=0.03", "--config.trainer.collapse.drop=0.05",
+                "--config.trainer.collapse.patience=2", "--config.trainer.collapse.action=rollback",
+                "--config.trainer.collapse.max_rollbacks=1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [r for r in _metrics(wd) if r["reward/avg_raw_reward"]]
+    r1 = float(rows[0]["reward/avg_raw_reward"])
+    assert r1 > 0.05 and all(float(r["reward/avg_raw_reward"]) == 0.0 for r in rows[1:4])
+    ema = [r1, r1 * 2 / 3, r1 * 4 / 9, r1 * 8 / 27]  # EMA of (r1, 0, 0, 0)
+    np.testing.assert_allclose([float(r["reward/ema"]) for r in rows[:4]], ema, rtol=1e-6)
+    lr = [float(r["policy/policy_lr"]) for r in rows]
+    np.testing.assert_allclose(lr[:4], 0.03, rtol=1e-6)
+    np.testing.assert_allclose(lr[4:], 0.015, rtol=1e-6)  # after the rollback
+    assert int(rows[-1]["step"]) == 6  # stopped at the second collapse, not at num_steps
+    report = open(os.path.join(wd, "report.md")).read()
+    assert "step 4: reward EMA" in report and "rolled back to step 1 with lr x0.5" in report
+    assert "run stopped (collapse)" in report
+    summary = json.load(open(os.path.join(wd, "summary.json")))
+    assert summary["best_step"] == 1 and summary["last_step"] == 6

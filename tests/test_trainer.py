@@ -108,3 +108,29 @@ def test_reward_collapse_rolls_back_once_then_stops(tmp_path):
     assert "run stopped (collapse)" in report
     summary = json.load(open(os.path.join(wd, "summary.json")))
     assert summary["best_step"] == 1 and summary["last_step"] == 6
+
+
+def test_two_process_run_matches_single_process_rewards(tmp_path):
+    """launch/local_multiprocess.sh: 2 JAX processes x 2 CPU devices (the multi-host code path:
+    process 0 drives rollouts and logs, both train and publish). Rollouts are identical to a
+    single-process run on 4 devices, so the step-1 rewards match exactly; later steps may differ
+    only by float reduction order."""
+    common = ["--config.trainer.num_steps=2", "--config.trainer.train_batch_size=8",
+              "--config.trainer.mini_batch_size=4", "--config.trainer.micro_batch_size=16",
+              "--config.data.num_eval_prompts=16", "--config.trainer.eval_interval=0"]
+    mp = str(tmp_path / "mp")
+    env = {**ENV, "RECIPE": "configs/rloo.py"}
+    out = subprocess.run(["bash", "launch/local_multiprocess.sh", "2", mp, *common], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    single = str(tmp_path / "single")
+    out = subprocess.run([sys.executable, "-m", "jaxrl.main", "--config=configs/rloo.py", f"--workdir={single}",
+                          *common], cwd=ROOT, env={**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    a, b = _metrics(mp), _metrics(single)
+    assert [r["step"] for r in a] == ["0", "1", "2"]
+    assert a[0]["eval/success_rate"] == b[0]["eval/success_rate"]
+    assert a[1]["reward/avg_raw_reward"] == b[1]["reward/avg_raw_reward"]
+    assert abs(float(a[1]["policy/grad_norm"]) - float(b[1]["policy/grad_norm"])) < 1e-4 * float(b[1]["policy/grad_norm"])
+    assert os.path.exists(os.path.join(mp, "best", "model.safetensors"))

@@ -338,6 +338,8 @@ class Trainer:
             return lp.reshape(tokens.shape[0], -1)
 
         self._logprobs = jax.jit(batch_logprobs)
+        # Jitted so that it is one SPMD program over the global mini-batch in multi-process runs.
+        self._loss_weights = jax.jit(lambda loss_mask: losses.compute_loss_weights(loss_mask, self.loss_cfg))
 
     # -- sidecars -----------------------------------------------------------------------------
     def _start_sidecars(self):
@@ -454,25 +456,27 @@ class Trainer:
         rewards, advantages = host.pop("rewards"), host.pop("advantages_seq")
         batch = host
 
+        # Mini-batches are cut on the host; each becomes global arrays, and its old (and reference)
+        # logprobs are computed before any update, with the same partition as training.
         t0 = time.perf_counter()
         with jax.set_mesh(self.mesh):
-            dev = {k: _global_array(v, self.mesh) for k, v in batch.items()}
-            old_lp = self._logprobs(params, dev["tokens"], dev["positions"], dev["segment_ids"])
-            if losses.needs_reference_model(self.loss_cfg):
-                dev["ref_logprobs"] = self._logprobs(self.ref_params, dev["tokens"], dev["positions"],
-                                                     dev["segment_ids"])
-            dev["old_logprobs"] = old_lp
-            jax.block_until_ready(old_lp)
+            minis = []
+            for mb in range(self.num_minibatches):
+                sl = slice(mb * self.mini_rows, (mb + 1) * self.mini_rows)
+                dev = {k: _global_array(v[sl], self.mesh) for k, v in batch.items()}
+                dev["old_logprobs"] = self._logprobs(params, dev["tokens"], dev["positions"], dev["segment_ids"])
+                if losses.needs_reference_model(self.loss_cfg):
+                    dev["ref_logprobs"] = self._logprobs(self.ref_params, dev["tokens"], dev["positions"],
+                                                         dev["segment_ids"])
+                minis.append((dev, self._loss_weights(dev["loss_mask"])))
+            jax.block_until_ready(minis)
             self.timings["fwd_logprobs"] = time.perf_counter() - t0
 
             t0 = time.perf_counter()
             step_metrics: list[dict] = []
             for _ in range(c.trainer.update_epochs_per_batch):
-                for mb in range(self.num_minibatches):
-                    sl = slice(mb * self.mini_rows, (mb + 1) * self.mini_rows)
-                    mini = {k: v[sl] for k, v in dev.items()}
-                    weights = losses.compute_loss_weights(mini["loss_mask"], self.loss_cfg)
-                    params, opt_state, met = self._train_step(params, opt_state, mini, weights)
+                for dev, weights in minis:
+                    params, opt_state, met = self._train_step(params, opt_state, dev, weights)
                     step_metrics.append(met)
             step_metrics = jax.device_get(step_metrics)
         self.timings["policy_train"] = time.perf_counter() - t0

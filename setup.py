@@ -26,6 +26,7 @@ setup(
         "tensorboardX>=2.6",
         "transformers>=4.56",
         "tokenizers>=0.21",
+        "jinja2>=3.1",  # chat templates (transformers no longer pulls it in)
         "safetensors>=0.4",
         "numpy>=1.26",
         "matplotlib>=3.8",

@@ -17,7 +17,7 @@ def get_config(scale: str = ""):
     a.eps_clip_low = 0.2
     a.eps_clip_high = 0.2
     a.loss_reduction = "seq_mean_token_sum_norm"
-    a.max_seq_len = 32768 if scale else 128
+    a.max_seq_len = 128 if c.scale == "cpu" else 32768
     a.off_policy_correction.tis_ratio_type = "token"
     a.off_policy_correction.token_tis_ratio_clip_high = 2.0
     a.temperature = 1.0

@@ -21,10 +21,14 @@ from jaxrl.fileio import atomic_write_json
 
 
 class ConfigError(ValueError):
-    """An invalid configuration value; the message names the key and how to fix it."""
+    """An invalid configuration value; the message names the key and how to fix it.
 
-    def __init__(self, key: str, problem: str, fix: str):
-        super().__init__(f"config key `{key}`: {problem}. Fix: {fix}")
+    `ConfigError(key, problem, fix)`; a single argument is taken as the whole message (libraries
+    such as ml_collections re-raise an exception as `type(e)(message)`).
+    """
+
+    def __init__(self, key: str, problem: str | None = None, fix: str | None = None):
+        super().__init__(key if problem is None else f"config key `{key}`: {problem}. Fix: {fix}")
         self.key = key
 
 
@@ -176,7 +180,7 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     c.trainer.num_steps = 200
     c.trainer.train_batch_size = 64
     c.trainer.mini_batch_size = 64
-    c.trainer.micro_batch_size = 8
+    c.trainer.micro_batch_size = 16  # one sequence per device on 2 nodes x 8 GPUs
     c.trainer.eval_interval = 10
     c.trainer.ckpt_interval = 5
     c.trainer.seq_len_buckets = (4096, 8192, 16384, 32768)
@@ -290,6 +294,24 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
         _require(len(g.sidecar_urls) > 0, "generator.sidecar_urls", "backend=vllm needs the URLs of running sidecars",
                  "start them with launch/vllm_sidecar.sh and pass --config.generator.sidecar_urls")
     _require(g.max_turns >= 1, "generator.max_turns", "must be >= 1", "use 1 for single-turn tasks")
+    _require(g.num_sidecars >= 1, "generator.num_sidecars", "must be >= 1", "use 1 on a CPU")
+    _require(sp.top_k == -1 or sp.top_k >= 0, "generator.sampling_params.top_k", f"{sp.top_k} is not a valid top-k",
+             "use -1 (or 0) to disable top-k, or a positive k")
+    _require(c.data.num_eval_prompts >= 0, "data.num_eval_prompts", "must be >= 0", "use 0 to skip evaluation")
+    _require(c.data.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1", "use e.g. 512")
+    _require(col.max_rollbacks >= 0, "trainer.collapse.max_rollbacks", "must be >= 0", "use 0 to never roll back")
+    need = rollout_max_seq_len(c)
+    _require(len(t.seq_len_buckets) > 0 and max(t.seq_len_buckets) >= need, "trainer.seq_len_buckets",
+             f"the largest bucket {max(t.seq_len_buckets, default=0)} is shorter than the longest possible "
+             f"trajectory ({need} tokens = data.max_prompt_length + generator.max_turns x max_generate_length, "
+             "capped by trainer.algorithm.max_seq_len)", f"add a bucket >= {need}")
+    from jaxrl.envs import TASK_REGISTRY
+
+    for key in ("data.task", "data.eval_task"):
+        name = c.data.task if key == "data.task" else c.data.eval_task
+        if name and not (key == "data.task" and name == "dataset"):
+            _require(name in TASK_REGISTRY, key, f"unknown task {name!r}",
+                     f"use one of {sorted(TASK_REGISTRY)}" + (" or 'dataset'" if key == "data.task" else ""))
     # Model / data.
     _require(c.model.compute_dtype in ("float32", "bfloat16"), "model.compute_dtype",
              f"unknown dtype {c.model.compute_dtype!r}", "use 'float32' or 'bfloat16'")
@@ -307,9 +329,23 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
     _require(axes.count(-1) <= 1, "mesh", "at most one axis may be -1", "set the other axes explicitly")
     if num_devices is not None:
         known = math.prod(v for v in axes if v != -1)
+        if num_devices % known == 0:
+            sizes = [num_devices // known if v == -1 else v for v in axes]
+            rows_axis = sizes[0] * sizes[1]
+            _require(t.micro_batch_size % rows_axis == 0, "trainer.micro_batch_size",
+                     f"{t.micro_batch_size} sequences do not split over data x fsdp = {rows_axis} devices",
+                     f"use a multiple of {rows_axis} that divides {seqs_per_mini}")
         _require(num_devices % known == 0 and (-1 in axes or known == num_devices), "mesh",
                  f"data*fsdp*tensor={known} does not match the {num_devices} available devices",
                  f"choose sizes whose product is {num_devices} (or use -1 on one axis)")
+
+
+def rollout_max_seq_len(c: ml_collections.ConfigDict) -> int:
+    """Token budget of one trajectory: max_prompt_length + max_turns x max_generate_length, capped
+    by `trainer.algorithm.max_seq_len` when that is set."""
+    g = c.generator
+    n = c.data.max_prompt_length + g.max_turns * g.sampling_params.max_generate_length
+    return min(n, int(c.trainer.algorithm.max_seq_len)) if c.trainer.algorithm.max_seq_len else n
 
 
 def to_json_dict(c: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -59,11 +59,10 @@ def plan(c, num_devices: int, seq_len: int, attention: str = "xla") -> dict:
     mesh = parallel.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=jax.devices()[:num_devices])
     abstract = qwen3.abstract_params(model_cfg)
     psh = parallel.param_shardings(qwen3.param_logical_axes(model_cfg), mesh, shapes=abstract)
+    from jaxrl.train.trainer import loss_config
+
     a = c.trainer.algorithm
-    loss_cfg = losses.LossConfig(policy_loss_type=a.policy_loss_type, loss_reduction=a.loss_reduction,
-                                 max_seq_len=int(a.max_seq_len) or None, eps_clip_low=a.eps_clip_low,
-                                 eps_clip_high=a.eps_clip_high,
-                                 tis_ratio_type=a.off_policy_correction.tis_ratio_type or None)
+    loss_cfg = loss_config(c)
     rows = c.trainer.mini_batch_size * c.generator.n_samples_per_prompt
     step_cfg = step_lib.StepConfig(loss=loss_cfg, temperature=a.temperature,
                                    num_micro_batches=rows // c.trainer.micro_batch_size,
@@ -81,6 +80,8 @@ def plan(c, num_devices: int, seq_len: int, attention: str = "xla") -> dict:
                  loss_mask=i32((rows, T - 1)), advantages=f32((rows, T - 1)), old_logprobs=f32((rows, T - 1)),
                  rollout_logprobs=f32((rows, T - 1)),
                  is_truncated=jax.ShapeDtypeStruct((rows,), jnp.bool_, sharding=row_sh))
+    if losses.needs_reference_model(loss_cfg):
+        batch["ref_logprobs"] = f32((rows, T - 1))
     weights = losses.LossWeights(policy=f32((rows, T - 1)), token=f32((rows, T - 1)),
                                  sequence_token=f32((rows, T - 1)),
                                  sequence=jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=row_sh))

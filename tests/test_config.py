@@ -101,3 +101,92 @@ def test_trainer_rejects_bad_config_before_writing_anything(tmp_path):
         trainer.Trainer(c, str(workdir))
     assert "kv_heads" in str(e.value) or "heads" in str(e.value)
     assert not workdir.exists()
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("generator.num_sidecars", 0, "must be >= 1"),
+    ("generator.sampling_params.top_k", -5, "not a valid top-k"),
+    ("trainer.collapse.max_rollbacks", -1, "must be >= 0"),
+    ("data.num_eval_prompts", -1, "must be >= 0"),
+    ("trainer.seq_len_buckets", (16,), "add a bucket >= 144"),
+    ("data.task", "nosuch", "unknown task 'nosuch'"),
+    ("data.eval_task", "nosuch", "unknown task 'nosuch'"),
+])
+def test_review_found_values_are_rejected_up_front(key, value, match):
+    """Regression: these were accepted and failed (or silently ran) after the run directory existed."""
+    c = rloo.get_config()
+    node = c
+    *parents, leaf = key.split(".")
+    for p in parents:
+        node = node[p]
+    node[leaf] = value
+    with pytest.raises(ConfigError, match=match) as e:
+        validate(c)
+    assert e.value.key == key
+
+
+def test_micro_batch_must_split_over_the_data_axes_of_the_mesh():
+    """Regression: the 8B recipe's micro-batch did not divide the 2-node mesh of the launch script."""
+    c = rloo.get_config("qwen3_8b")
+    validate(c, num_devices=16, check_inputs=False)  # data=-1 -> 2, fsdp=8: 16 rows per micro-batch
+    c.trainer.micro_batch_size = 8
+    with pytest.raises(ConfigError, match="do not split over data x fsdp = 16") as e:
+        validate(c, num_devices=16, check_inputs=False)
+    assert e.value.key == "trainer.micro_batch_size"
+
+
+def test_symclip_cpu_scale_string_equals_the_default():
+    """Regression: `configs/symclip.py:cpu` used the 8B max_seq_len."""
+    assert symclip.get_config("cpu").trainer.algorithm.max_seq_len == symclip.get_config().trainer.algorithm.max_seq_len
+
+
+def test_config_error_accepts_a_single_message():
+    """Regression: ml_collections re-raises a recipe's exception as type(e)(message)."""
+    e = ConfigError("config key `x`: bad. Fix: y")
+    assert str(e) == "config key `x`: bad. Fix: y"
+
+
+def test_chat_template_dependency_is_declared():
+    """Regression: transformers' apply_chat_template needs jinja2, which only the dev extra pulled in."""
+    import re
+
+    setup = open(os.path.join(ROOT, "setup.py")).read()
+    install_requires = setup[setup.index("install_requires"):setup.index("extras_require")]
+    assert re.search(r'"jinja2[>=<]', install_requires)
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--config=configs/rloo.py", "--config.trainer.lr=1"], "unknown config key"),
+    (["--config=configs/rloo.py:foo"], "unknown scale 'foo'"),
+    (["--config=configs/nope.py"], "could not be loaded"),
+    (["--config=configs/rloo.py", "--config.trainer.algorithm.loss_reduction=foo"], "loss_reduction"),
+])
+def test_cli_usage_errors_are_one_line_and_write_nothing(tmp_path, args, match):
+    import subprocess
+
+    wd = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-m", "jaxrl.main", *args, f"--workdir={wd}"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert match in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert not wd.exists()
+
+
+def test_dataset_prompts_follow_one_permutation_per_epoch(tmp_path):
+    """Regression: a batch crossing an epoch boundary wrapped around the old epoch's permutation."""
+    import json as _json
+
+    path = tmp_path / "tasks.jsonl"
+    with open(path, "w") as f:
+        for i in range(10):
+            f.write(_json.dumps({"id": f"t{i}", "prompt": f"What is {i} + 1?",
+                                 "reward_spec": {"type": "exact_match", "answer": str(i + 1)}}) + "\n")
+    c = rloo.get_config()
+    c.data.task, c.data.dataset_path = "dataset", str(path)
+    c.trainer.train_batch_size = 4
+    src = trainer.PromptSource(c)
+    served = [t.task_id for step in range(1, 11) for t in src.train_batch(step)]  # 40 prompts = 4 epochs
+    for epoch in range(4):
+        assert sorted(served[10 * epoch:10 * (epoch + 1)]) == sorted(f"t{i}" for i in range(10))
+    assert served[:10] != served[10:20]  # reshuffled each epoch

@@ -134,3 +134,23 @@ def test_two_process_run_matches_single_process_rewards(tmp_path):
     assert a[1]["reward/avg_raw_reward"] == b[1]["reward/avg_raw_reward"]
     assert abs(float(a[1]["policy/grad_norm"]) - float(b[1]["policy/grad_norm"])) < 1e-4 * float(b[1]["policy/grad_norm"])
     assert os.path.exists(os.path.join(mp, "best", "model.safetensors"))
+
+
+def test_best_is_chosen_among_saved_checkpoints_without_save_on_new_best(tmp_path):
+    """Regression: with save_on_new_best=False (the 8B recipe) the best-EMA step could have no
+    checkpoint and the run crashed at the end. The best is now the best-EMA saved step."""
+    wd = str(tmp_path / "run")
+    out = _main(wd, "--config.trainer.num_steps=3", "--config.trainer.save_on_new_best=False", *SMALL)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.load(open(os.path.join(wd, "summary.json")))
+    rows = {int(r["step"]): float(r["reward/ema"]) for r in _metrics(wd) if r["reward/ema"]}
+    saved = [2, 3]  # ckpt_interval 2 and the last step
+    expected = max(saved, key=lambda s: rows[s])
+    assert summary["best_step"] == expected and summary["best_ema"] == pytest.approx(rows[expected])
+    assert sorted(int(d) for d in os.listdir(os.path.join(wd, "checkpoints")) if d.isdigit()) == saved
+    assert os.path.exists(os.path.join(wd, "best", "model.safetensors"))
+    # Rerunning a finished run does nothing and keeps its report.
+    report = open(os.path.join(wd, "report.md")).read()
+    again = _main(wd, "--config.trainer.num_steps=3", "--config.trainer.save_on_new_best=False", *SMALL)
+    assert again.returncode == 0 and "is complete" in again.stderr
+    assert open(os.path.join(wd, "report.md")).read() == report

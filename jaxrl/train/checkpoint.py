@@ -5,8 +5,9 @@ Layout: `workdir/checkpoints/<step>/{params, opt_state, trainer_state}` written 
 complete, so a run killed mid-save leaves the previous step as the latest committed one.
 Retention: the last `max_to_keep` steps plus the step with the best reward EMA.
 
-`trainer_state` is JSON: step, RNG key data, data-iterator position, reward-EMA state, policy
-version, learning-rate scale, rollbacks — everything a resumed run needs to continue exactly.
+`trainer_state` is JSON: step, data-iterator position, reward-EMA state, policy version,
+learning-rate scale, rollbacks, the best checkpoint — everything a resumed run needs to continue
+exactly (all randomness derives from the seed and the step, so no RNG state is needed).
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import os
 from typing import Any, Optional
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 
 _BEST_METRIC = "reward_ema"
@@ -105,14 +105,3 @@ class CheckpointStore:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
-
-
-def rng_to_json(key) -> list[int]:
-    """Serializes a PRNG key (raw uint32 key data) for trainer_state."""
-    data = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
-    return [int(x) for x in np.asarray(data).ravel()]
-
-
-def rng_from_json(data: list[int]):
-    """Inverse of `rng_to_json` (raw uint32 key, as made by `jax.random.PRNGKey`)."""
-    return jax.numpy.asarray(np.asarray(data, dtype=np.uint32))

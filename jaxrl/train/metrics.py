@@ -153,6 +153,17 @@ class RunLogger:
                     self.tb.add_scalar(k, v, step)
             self.tb.flush()
 
+    def update_step(self, step: int, extra: dict[str, float]) -> None:
+        """Adds metrics to the already-logged row of `step` (e.g. the checkpoint time measured after it)."""
+        for r in self.rows:
+            if int(r["step"]) == step:
+                r.update({k: float(v) for k, v in extra.items()})
+        self._rewrite_step_logs()
+        if self.tb is not None:
+            for k, v in extra.items():
+                self.tb.add_scalar(k, float(v), step)
+            self.tb.flush()
+
     def log_trials(self, step: int, trials: Iterable[dict[str, Any]]) -> None:
         """Appends one row per trajectory to trial_stats.csv and writes rollouts/step_XXXXXX.jsonl.
 

@@ -115,6 +115,9 @@ class _NoLogger:
     def log_trials(self, *a, **k):
         pass
 
+    def update_step(self, *a, **k):
+        pass
+
     def close(self):
         pass
 
@@ -128,6 +131,20 @@ def _flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[key] = v
     return out
+
+
+def loss_config(c) -> losses.LossConfig:
+    """The policy objective of a run config (`trainer.algorithm.*`, SkyRL names)."""
+    a = c.trainer.algorithm
+    opc = a.off_policy_correction
+    return losses.LossConfig(
+        policy_loss_type=a.policy_loss_type, loss_reduction=a.loss_reduction,
+        max_seq_len=int(a.max_seq_len) or None, eps_clip_low=a.eps_clip_low, eps_clip_high=a.eps_clip_high,
+        clip_ratio_c=a.clip_ratio_c, kl_loss_coef=a.kl_loss_coef, kl_estimator_type=a.kl_estimator_type,
+        entropy_loss_coef=a.entropy_loss_coef, tis_ratio_type=opc.tis_ratio_type or None,
+        token_tis_ratio_clip_high=opc.token_tis_ratio_clip_high,
+        sequence_tis_ratio_clip_high=opc.sequence_tis_ratio_clip_high,
+        off_policy_untruncated_only=opc.only_untruncated)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,6 +199,7 @@ class PromptSource:
 
     def __init__(self, c):
         self.c = c
+        self._orders: dict[int, np.ndarray] = {}
         if c.data.task == "dataset":
             self.train_tasks = load_tasks(c.data.dataset_path)
             self.suite = None
@@ -195,11 +213,15 @@ class PromptSource:
         seed = _derive_seed(c.seed, step, 1)
         if self.suite is not None:
             return self.suite.dataset("train", num=c.trainer.train_batch_size, seed=seed)
-        n = len(self.train_tasks)
-        epoch, within = divmod((step - 1) * c.trainer.train_batch_size, n)
-        order = np.random.default_rng(_derive_seed(c.seed, epoch, 2)).permutation(n)
-        idx = [order[(within + i) % n] for i in range(c.trainer.train_batch_size)]
-        return [self.train_tasks[i] for i in idx]
+        # Prompt k of the run (k = (step - 1) * B + i) is entry k % n of epoch k // n's permutation.
+        n, B = len(self.train_tasks), c.trainer.train_batch_size
+        out = []
+        for k in range((step - 1) * B, step * B):
+            epoch, within = divmod(k, n)
+            if epoch not in self._orders:
+                self._orders = {epoch: np.random.default_rng(_derive_seed(c.seed, epoch, 2)).permutation(n)}
+            out.append(self.train_tasks[self._orders[epoch][within]])
+        return out
 
     def eval_batch(self):
         if self.eval_suite is None:
@@ -224,6 +246,8 @@ class TrainerState:
     events: list = dataclasses.field(default_factory=list)
     initial_eval: Optional[float] = None
     data_position: int = 0  # prompts consumed (= step * train_batch_size)
+    best_ckpt_step: int = -1  # the saved step with the highest reward EMA (what best/ exports)
+    best_ckpt_ema: float = -math.inf
 
 
 class Trainer:
@@ -239,6 +263,9 @@ class Trainer:
         # publication and the checkpoints. The run directory must be on a shared filesystem.
         self.is_main = jax.process_index() == 0
         config_lib.validate(c, num_devices=jax.device_count())
+        if os.path.exists(self.workdir) and not os.path.isdir(self.workdir):
+            raise config_lib.ConfigError("--workdir", f"{self.workdir} exists and is not a directory",
+                                         "pass a directory (it is created if missing)")
 
         # Model and tokenizer.
         self.model_dir = c.model.path or DEFAULT_POLICY_DIR
@@ -246,14 +273,11 @@ class Trainer:
             self.model_dir, dtype=c.model.compute_dtype, remat=c.model.remat, attention=c.model.attention_impl)
         self.chat = ChatTemplate.from_pretrained(self.model_dir, enable_thinking=c.generator.enable_thinking)
         self.prompts = PromptSource(c)
+        if c.data.task == "dataset":
+            self._check_prompt_lengths(self.prompts.train_tasks)
 
         # Mesh and shardings.
         self.mesh = parallel.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
-        rows_axis = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        if c.trainer.micro_batch_size % rows_axis:
-            raise config_lib.ConfigError(
-                "trainer.micro_batch_size", f"{c.trainer.micro_batch_size} sequences do not split over "
-                f"data x fsdp = {rows_axis} devices", f"use a multiple of {rows_axis}")
         axes = qwen3.param_logical_axes(self.model_cfg)
         try:
             self.param_sharding = parallel.param_shardings(axes, self.mesh,
@@ -264,15 +288,7 @@ class Trainer:
 
         # Objective.
         a = c.trainer.algorithm
-        opc = a.off_policy_correction
-        self.loss_cfg = losses.LossConfig(
-            policy_loss_type=a.policy_loss_type, loss_reduction=a.loss_reduction,
-            max_seq_len=int(a.max_seq_len) or None, eps_clip_low=a.eps_clip_low, eps_clip_high=a.eps_clip_high,
-            clip_ratio_c=a.clip_ratio_c, kl_loss_coef=a.kl_loss_coef, kl_estimator_type=a.kl_estimator_type,
-            entropy_loss_coef=a.entropy_loss_coef, tis_ratio_type=opc.tis_ratio_type or None,
-            token_tis_ratio_clip_high=opc.token_tis_ratio_clip_high,
-            sequence_tis_ratio_clip_high=opc.sequence_tis_ratio_clip_high,
-            off_policy_untruncated_only=opc.only_untruncated)
+        self.loss_cfg = loss_config(c)
         self.adv_cfg = adv_lib.AdvantageConfig(advantage_estimator=a.advantage_estimator,
                                                grpo_norm_by_std=a.grpo_norm_by_std,
                                                group_advantage_min_size=a.group_advantage_min_size)
@@ -294,6 +310,20 @@ class Trainer:
         self.ema = RewardEMA(span=c.trainer.ema_span)
         self.sidecars: list[SidecarProcess] = []
         self.client: Optional[SidecarClient] = None
+
+    def _check_prompt_lengths(self, tasks) -> None:
+        """Rejects a dataset whose rendered prompts exceed `data.max_prompt_length` (before any work)."""
+        from jaxrl.envs import make_env
+
+        limit = self.c.data.max_prompt_length
+        for i, task in enumerate(tasks):
+            env = make_env(task)
+            n = len(self.chat.encode_prompt(env.reset(task), getattr(env, "tools", None)))
+            if n > limit:
+                raise config_lib.ConfigError(
+                    "data.max_prompt_length", f"{self.c.data.dataset_path}: task {i} ({task.task_id or 'no id'}) "
+                    f"renders to a {n}-token prompt, longer than max_prompt_length={limit}",
+                    "raise --config.data.max_prompt_length or remove the long prompts from the dataset")
 
     # -- config / resume ----------------------------------------------------------------------
     def _check_resume_config(self):
@@ -401,9 +431,7 @@ class Trainer:
 
     def _rollout_cfg(self, n: Optional[int] = None) -> RolloutConfig:
         g = self.c.generator
-        max_seq = self.c.data.max_prompt_length + g.max_turns * g.sampling_params.max_generate_length
-        if self.c.trainer.algorithm.max_seq_len:
-            max_seq = min(max_seq, int(self.c.trainer.algorithm.max_seq_len))
+        max_seq = config_lib.rollout_max_seq_len(self.c)
         return RolloutConfig(n_samples_per_prompt=n or g.n_samples_per_prompt, max_turns=g.max_turns,
                              max_tokens_per_turn=g.sampling_params.max_generate_length, max_seq_len=max_seq)
 
@@ -530,6 +558,8 @@ class Trainer:
         self.state.step = step
         self.state.data_position = step * self.c.trainer.train_batch_size
         self.state.ema = self.ema.state_dict()
+        if self.ema.value is not None and self.ema.value > self.state.best_ckpt_ema:
+            self.state.best_ckpt_step, self.state.best_ckpt_ema = step, float(self.ema.value)
         self.ckpt.save(step, params, opt_state, dataclasses.asdict(self.state), self.ema.value)
         _maybe_kill("save", step)  # the async write is in flight here
         self.ckpt.wait()
@@ -549,6 +579,13 @@ class Trainer:
         t_run = time.perf_counter()
         self._build_optimizer()
         latest = self.ckpt.latest_step()
+        summary_path = os.path.join(self.workdir, "summary.json")
+        if latest is not None and latest >= c.trainer.num_steps and os.path.exists(summary_path):
+            print(f"jaxrl: {self.workdir} is complete (step {latest} of {c.trainer.num_steps}); see report.md. "
+                  "Raise --config.trainer.num_steps to continue training.", file=sys.stderr)
+            self.ckpt.close()
+            with open(summary_path) as f:
+                return json.load(f)
         with jax.set_mesh(self.mesh):
             _, init_params = hf_io.load_hf_checkpoint(self.model_dir, self.model_cfg, shardings=self.param_sharding)
             if losses.needs_reference_model(self.loss_cfg):
@@ -596,8 +633,7 @@ class Trainer:
                 if ((is_best and c.trainer.save_on_new_best) or step % c.trainer.ckpt_interval == 0
                         or step == c.trainer.num_steps):
                     self._save(step, params, opt_state)
-                    m["timing/save_checkpoints"] = self.timings["save_checkpoints"]
-                    logger.log_step(step, m)  # replaces the row, now with the save time
+                    logger.update_step(step, {"timing/save_checkpoints": self.timings["save_checkpoints"]})
                 bar.update(step, m["reward/avg_raw_reward"], m["reward/ema"], self.timings["step"])
                 collapse = c.trainer.collapse
                 if collapse.enabled and self.ema.steps_below >= collapse.patience:
@@ -624,7 +660,7 @@ class Trainer:
         return summary
 
     def _rollback(self, step: int, event: str):
-        best = self.ema.best_step
+        best = self.state.best_ckpt_step
         self.state.rollbacks += 1
         self.state.lr_scale *= self.c.trainer.collapse.lr_factor
         self.state.events.append(f"{event}; rolled back to step {best} with lr x{self.state.lr_scale:g}")
@@ -636,8 +672,8 @@ class Trainer:
 
     def _finish(self, logger: RunLogger, last_step: int, wall_s: float, collapsed: bool) -> dict[str, Any]:
         c = self.c
-        best = self.ema.best_step
-        summary: dict[str, Any] = {"last_step": last_step, "best_step": best, "best_ema": self.ema.best_value,
+        best = self.state.best_ckpt_step
+        summary: dict[str, Any] = {"last_step": last_step, "best_step": best, "best_ema": self.state.best_ckpt_ema,
                                    "initial_eval": self.state.initial_eval, "wall_s": wall_s}
         if best >= 1:
             params, _, _ = self._restore(best)

@@ -10,3 +10,22 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The embedded default policy's tokenizer (Qwen3 special tokens and chat template)."""
+    from jaxrl.envs import DEFAULT_POLICY_DIR, load_tokenizer
+
+    return load_tokenizer(DEFAULT_POLICY_DIR)
+
+
+@pytest.fixture(scope="module")
+def chat(tok):
+    """A non-thinking ChatTemplate over `tok`."""
+    from jaxrl.envs import ChatTemplate
+
+    return ChatTemplate(tok, enable_thinking=False)

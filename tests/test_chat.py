@@ -25,16 +25,6 @@ TOOLS_SYSTEM = ("# Tools\n\nYou may call one or more functions to assist with th
 NEXT_ASSISTANT_NO_THINK = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer(DEFAULT_POLICY_DIR)
-
-
-@pytest.fixture(scope="module")
-def chat(tok):
-    return ChatTemplate(tok, enable_thinking=False)
-
-
 # ---- tokenizer ----------------------------------------------------------------------------------
 def test_tokenizer_files_and_special_tokens(tok):
     assert {"tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(DEFAULT_POLICY_DIR))

@@ -19,6 +19,16 @@ import seqmean  # noqa: E402
 import symclip  # noqa: E402
 
 
+def _with(c, key, value):
+    """`c` with the dotted `key` set to `value` (as --config.key=value would)."""
+    node = c
+    *parents, leaf = key.split(".")
+    for p in parents:
+        node = node[p]
+    node[leaf] = value
+    return c
+
+
 def test_recipes_hold_the_published_settings():
     c = rloo.get_config()
     a = c.trainer.algorithm
@@ -53,12 +63,7 @@ def test_recipes_hold_the_published_settings():
     ("model.path", "/nonexistent/ckpt", "not an HF checkpoint"),
 ])
 def test_invalid_values_name_the_key_and_the_fix(key, value, match):
-    c = rloo.get_config()
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-        node = node[p]
-    node[leaf] = value
+    c = _with(rloo.get_config(), key, value)
     with pytest.raises(ConfigError, match=match) as e:
         validate(c)
     assert e.value.key == key and "Fix:" in str(e.value)
@@ -114,12 +119,7 @@ def test_trainer_rejects_bad_config_before_writing_anything(tmp_path):
 ])
 def test_review_found_values_are_rejected_up_front(key, value, match):
     """Regression: these were accepted and failed (or silently ran) after the run directory existed."""
-    c = rloo.get_config()
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-        node = node[p]
-    node[leaf] = value
+    c = _with(rloo.get_config(), key, value)
     with pytest.raises(ConfigError, match=match) as e:
         validate(c)
     assert e.value.key == key

@@ -5,21 +5,11 @@ import numpy as np
 import pytest
 
 from envs_fakes import ScriptedGenerator
-from jaxrl.envs import (ChatTemplate, DEFAULT_POLICY_DIR, RolloutConfig, StepResult, Task, Trajectory,
-                        get_task_suite, load_tokenizer, make_env, run_rollouts)
+from jaxrl.envs import (ChatTemplate, RolloutConfig, StepResult, Task, Trajectory, get_task_suite, make_env,
+                        run_rollouts)
 from jaxrl.rollout.types import Completion, SamplingParams
 
 OBS_NO_THINK_TAIL = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer(DEFAULT_POLICY_DIR)
-
-
-@pytest.fixture(scope="module")
-def chat(tok):
-    return ChatTemplate(tok, enable_thinking=False)
 
 
 def calc_tasks(pairs):

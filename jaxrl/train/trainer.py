@@ -26,7 +26,6 @@ import time
 from typing import Any, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxrl import config as config_lib

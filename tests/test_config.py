@@ -106,6 +106,15 @@ def test_trainer_rejects_bad_config_before_writing_anything(tmp_path):
         trainer.Trainer(c, str(workdir))
     assert "kv_heads" in str(e.value) or "heads" in str(e.value)
     assert not workdir.exists()
+    # Regression: a generation budget beyond the model's context reached the sidecar (OOM there).
+    c = rloo.get_config()
+    c.model.path = ckpt  # max_position_embeddings 512
+    c.generator.sampling_params.max_generate_length = 1000
+    c.trainer.seq_len_buckets = (2048,)
+    with pytest.raises(ConfigError, match="max_position_embeddings=512") as e:
+        trainer.Trainer(c, str(workdir))
+    assert e.value.key == "generator.sampling_params.max_generate_length"
+    assert not workdir.exists()
 
 
 @pytest.mark.parametrize("key,value,match", [

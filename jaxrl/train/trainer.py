@@ -270,6 +270,14 @@ class Trainer:
         self.model_dir = c.model.path or DEFAULT_POLICY_DIR
         self.model_cfg = qwen3.Qwen3Config.from_pretrained(
             self.model_dir, dtype=c.model.compute_dtype, remat=c.model.remat, attention=c.model.attention_impl)
+        need = config_lib.rollout_max_seq_len(c)
+        if need > self.model_cfg.max_position_embeddings:
+            raise config_lib.ConfigError(
+                "generator.sampling_params.max_generate_length",
+                f"a trajectory may reach {need} tokens (data.max_prompt_length + max_turns x max_generate_length), "
+                f"more than the model's max_position_embeddings={self.model_cfg.max_position_embeddings}",
+                "lower max_generate_length / max_turns / data.max_prompt_length, or cap trajectories with "
+                "trainer.algorithm.max_seq_len")
         self.chat = ChatTemplate.from_pretrained(self.model_dir, enable_thinking=c.generator.enable_thinking)
         self.prompts = PromptSource(c)
         if c.data.task == "dataset":

@@ -447,6 +447,7 @@ class Trainer:
         """Held-out success rate (reward >= 1) and mean reward of the served policy version
         (process 0 only; other processes get {})."""
         tasks = self.prompts.eval_batch()
+        self._eval_version, self._eval_result = self.state.policy_version, {}  # same on every process
         if not tasks or not self.is_main:
             return {}
         t0 = time.perf_counter()
@@ -457,7 +458,9 @@ class Trainer:
         trajs = self._generate(tasks, sampling, n=1)
         rewards = np.array([t.reward for t in trajs])
         self.timings["eval"] = time.perf_counter() - t0
-        return {"eval/success_rate": float(np.mean(rewards >= 1.0)), "eval/avg_reward": float(rewards.mean())}
+        result = {"eval/success_rate": float(np.mean(rewards >= 1.0)), "eval/avg_reward": float(rewards.mean())}
+        self._eval_result = result
+        return result
 
     # -- one RL step --------------------------------------------------------------------------
     def _rollout_batch(self, step: int):
@@ -684,8 +687,11 @@ class Trainer:
                                    "initial_eval": self.state.initial_eval, "wall_s": wall_s}
         if best >= 1:
             params, _, _ = self._restore(best)
-            self._publish(params, self.state.policy_version + 1)
-            ev = self.evaluate()
+            if best == last_step and getattr(self, "_eval_version", None) == self.state.policy_version:
+                ev = self._eval_result  # the served weights are the best step's and were just evaluated
+            else:
+                self._publish(params, self.state.policy_version + 1)
+                ev = self.evaluate()
             summary["best_eval"] = ev.get("eval/success_rate")
             if c.trainer.export_best:
                 if jax.process_count() > 1:  # the exporter reads whole tensors on process 0

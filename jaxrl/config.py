@@ -57,9 +57,9 @@ def base_config() -> ml_collections.ConfigDict:
     # ---- tasks / data ---------------------------------------------------------------------
     c.data = ml_collections.ConfigDict()
     c.data.task = "arithmetic"  # a registered built-in task, or "dataset" (see dataset_path)
-    c.data.dataset_path = ""  # JSONL or Parquet prompts when task == "dataset"
+    c.data.dataset_path = ""  # JSONL or Parquet prompts; only with task == "dataset" (an error otherwise)
     c.data.eval_task = ""  # "" = the held-out split of `task`
-    c.data.num_eval_prompts = 200
+    c.data.num_eval_prompts = 200  # 0 = no held-out evaluation
     c.data.max_prompt_length = 128  # tokens; longer prompts are rejected at load
 
     # ---- rollout generation ---------------------------------------------------------------
@@ -99,6 +99,14 @@ def base_config() -> ml_collections.ConfigDict:
     # checkpoints (what large models use: a checkpoint per step would dominate the run time).
     c.trainer.save_on_new_best = True
     c.trainer.export_best = True  # HF export of the best-EMA checkpoint to workdir/best/
+    # A trajectory is a success when its reward >= this: reward/success_rate,
+    # reward/avg_pass_at_<n> and eval/success_rate all use it (partial-credit rewards below it
+    # count as failures everywhere).
+    c.trainer.success_threshold = 1.0
+    # Warn (one stderr line per step) when max |trainer logprob - engine logprob| over the loss
+    # tokens (the metric rollout/logprob_diff_max) exceeds this; 0 = never warn. float32 engines
+    # holding the trainer's weights stay below 1e-4; see docs/numerics.md for bf16.
+    c.trainer.logprob_diff_warn_threshold = 1e-3
 
     c.trainer.optimizer = ml_collections.ConfigDict()
     c.trainer.optimizer.lr = 8e-6
@@ -120,6 +128,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.trainer.algorithm.clip_ratio_c = 3.0
     c.trainer.algorithm.max_seq_len = 0  # required (> 0) for seq_mean_token_sum_norm
     c.trainer.algorithm.temperature = 1.0  # logits / temperature in the trainer's logprobs
+    # The trainer's temperature must equal generator.sampling_params.temperature (otherwise
+    # pi_old and the rollout policy mu are different distributions and every ratio is off);
+    # True accepts a deliberate mismatch.
+    c.trainer.algorithm.allow_temperature_mismatch = False
     c.trainer.algorithm.kl_loss_coef = 0.0  # 0 = no reference model is loaded
     c.trainer.algorithm.kl_estimator_type = "k3"
     c.trainer.algorithm.entropy_loss_coef = 0.0
@@ -185,6 +197,7 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     c.trainer.ckpt_interval = 5
     c.trainer.seq_len_buckets = (4096, 8192, 16384, 32768)
     c.trainer.save_on_new_best = False
+    c.trainer.logprob_diff_warn_threshold = 1.0  # bf16 engines differ from the trainer (docs/numerics.md)
     return c
 
 
@@ -245,6 +258,13 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
                  "set --config.trainer.algorithm.max_seq_len to the total token budget per sequence, e.g. 32768")
     _require(a.temperature > 0, "trainer.algorithm.temperature", f"{a.temperature} must be > 0",
              "use the sampling temperature, e.g. 1.0")
+    _require(a.temperature == g.sampling_params.temperature or a.allow_temperature_mismatch,
+             "trainer.algorithm.temperature",
+             f"{a.temperature} differs from generator.sampling_params.temperature={g.sampling_params.temperature}: "
+             "the trainer's logprobs would describe another distribution than the one the rollouts were sampled "
+             "from (every importance ratio is off)",
+             "set both to the same value, or pass --config.trainer.algorithm.allow_temperature_mismatch=True "
+             "to train against a different temperature on purpose")
     _require(a.kl_loss_coef >= 0, "trainer.algorithm.kl_loss_coef", "must be >= 0", "use 0 to disable KL")
     _require(a.entropy_loss_coef >= 0, "trainer.algorithm.entropy_loss_coef", "must be >= 0",
              "use 0 to disable the entropy bonus")
@@ -272,6 +292,10 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
     _require(t.ckpt_interval >= 1, "trainer.ckpt_interval", "must be >= 1", "use e.g. 5")
     _require(t.max_ckpts_to_keep >= 1, "trainer.max_ckpts_to_keep", "must be >= 1", "use e.g. 2")
     _require(t.eval_interval >= 0, "trainer.eval_interval", "must be >= 0", "use 0 to evaluate only at the ends")
+    _require(math.isfinite(t.success_threshold), "trainer.success_threshold", f"{t.success_threshold} is not finite",
+             "use the reward of a solved task, e.g. 1.0")
+    _require(t.logprob_diff_warn_threshold >= 0, "trainer.logprob_diff_warn_threshold",
+             f"{t.logprob_diff_warn_threshold} must be >= 0", "use e.g. 1e-3 (float32) or 1.0 (bf16); 0 never warns")
     o = t.optimizer
     _require(o.lr > 0 and math.isfinite(o.lr), "trainer.optimizer.lr", f"{o.lr} must be a positive number", "use e.g. 8e-6")
     _require(o.max_grad_norm > 0, "trainer.optimizer.max_grad_norm", "must be > 0", "use e.g. 1.0")
@@ -322,6 +346,9 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
     if c.data.task == "dataset" and check_inputs:
         _require(bool(c.data.dataset_path) and os.path.exists(c.data.dataset_path), "data.dataset_path",
                  f"{c.data.dataset_path!r} does not exist", "point it at a .jsonl or .parquet prompt file")
+    _require(c.data.task == "dataset" or not c.data.dataset_path, "data.dataset_path",
+             f"{c.data.dataset_path!r} is set but data.task={c.data.task!r} does not read it (it trains on the "
+             "built-in task)", "add --config.data.task=dataset to train on the file, or drop data.dataset_path")
     # Mesh.
     axes = [int(c.mesh.data), int(c.mesh.fsdp), int(c.mesh.tensor)]
     for name, v in zip(("data", "fsdp", "tensor"), axes):

@@ -199,3 +199,36 @@ def test_dataset_prompts_follow_one_permutation_per_epoch(tmp_path):
     for epoch in range(4):
         assert sorted(served[10 * epoch:10 * (epoch + 1)]) == sorted(f"t{i}" for i in range(10))
     assert served[:10] != served[10:20]  # reshuffled each epoch
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("trainer.algorithm.temperature", 0.6, "differs from generator.sampling_params.temperature=1.0"),
+    ("data.dataset_path", "/some/tasks.jsonl", "data.task='arithmetic' does not read it"),
+    ("trainer.success_threshold", float("nan"), "not finite"),
+    ("trainer.logprob_diff_warn_threshold", -1.0, "must be >= 0"),
+])
+def test_issue9_silent_mismatches_are_config_errors(key, value, match):
+    """Regression (issue 9 §1, §7): a trainer temperature other than the sampling temperature
+    (0.6 vs 1.0 put the ratio in 0.62-2.25 at equal weights) and a dataset path that the
+    built-in task ignores were accepted silently."""
+    c = _with(rloo.get_config(), key, value)
+    with pytest.raises(ConfigError, match=match) as e:
+        validate(c)
+    assert e.value.key == key and "Fix:" in str(e.value)
+
+
+def test_temperature_mismatch_needs_the_explicit_opt_in():
+    c = _with(rloo.get_config(), "trainer.algorithm.temperature", 0.6)
+    c.trainer.algorithm.allow_temperature_mismatch = True
+    validate(c)
+    with pytest.raises(ConfigError, match="allow_temperature_mismatch=True"):
+        validate(_with(rloo.get_config(), "generator.sampling_params.temperature", 0.7))
+
+
+def test_zero_eval_prompts_means_no_eval_tasks():
+    """Regression (issue 9 §7): num_eval_prompts=0 ("0 skips evaluation") crashed in the task's
+    dataset call."""
+    c = _with(rloo.get_config(), "data.num_eval_prompts", 0)
+    validate(c)
+    assert trainer.PromptSource(c).eval_batch() == []
+    assert len(trainer.PromptSource(_with(rloo.get_config(), "data.num_eval_prompts", 3)).eval_batch()) == 3

@@ -55,20 +55,41 @@ def test_run_logger_writes_files_and_resume_drops_later_rows(tmp_path):
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def test_checkpoint_store_keeps_latest_plus_best_and_restores_exactly(tmp_path):
+def test_checkpoint_store_keeps_latest_plus_protected_and_restores_exactly(tmp_path):
     store = CheckpointStore(str(tmp_path), max_to_keep=2, async_save=False)
     params = {"w": jnp.arange(12.0).reshape(4, 3), "b": {"c": jnp.ones(5, jnp.bfloat16)}}
     opt = (jnp.zeros((), jnp.int32), {"mu": params})
-    for step, ema in [(1, 0.1), (2, 0.9), (3, 0.2), (4, 0.3), (5, 0.25)]:
+    for step in (1, 2, 3, 4, 5):
         p = {"w": params["w"] + step, "b": params["b"]}
-        store.save(step, p, opt, {"step": step, "rng": [0, step]}, ema)
-    store.wait()
-    assert store.all_steps() == [2, 4, 5]  # the last two plus the best EMA (step 2)
+        store.save(step, p, opt, {"step": step, "rng": [0, step]})
+        store.wait()
+        store.prune(protect=[2] if step >= 2 else [1])
+    assert store.all_steps() == [2, 4, 5]  # the last two plus the protected (best) step 2
     assert store.latest_step() == 5
     p, o, ts = store.restore(2, params, opt)
     np.testing.assert_array_equal(np.asarray(p["w"]), np.asarray(params["w"] + 2))
     assert p["b"]["c"].dtype == jnp.bfloat16
     assert ts == {"step": 2, "rng": [0, 2]}
+    assert store.restore_trainer_state(4) == {"step": 4, "rng": [0, 4]}
     with pytest.raises(FileNotFoundError, match="step 3"):
         store.restore(3, params, opt)
+    store.close()
+
+
+def test_checkpoint_retention_follows_the_trainer_after_ties_and_restarts(tmp_path):
+    """Regression (issue 9 §2): Orbax's own best-metric policy kept the LAST of tied EMAs while
+    the trainer records the FIRST, and after a restart it had no metric for the old best and
+    deleted it. Retention now protects exactly the step the trainer names, across a restart."""
+    params = {"w": jnp.zeros(3)}
+    opt = {"m": jnp.zeros(3)}
+    store = CheckpointStore(str(tmp_path), max_to_keep=2, async_save=False)
+    for step in (1, 5):  # equal EMAs (0.0): the trainer keeps step 1 as best
+        store.save(step, params, opt, {"best_ckpt_step": 1})
+        store.prune(protect=[1])
+    store.close()
+    store = CheckpointStore(str(tmp_path), max_to_keep=2, async_save=False)  # a resumed run
+    for step in (10, 15):
+        store.save(step, params, opt, {"best_ckpt_step": 1})
+        store.prune(protect=[1])
+    assert store.all_steps() == [1, 10, 15]
     store.close()

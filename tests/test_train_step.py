@@ -105,3 +105,55 @@ def test_schedule_warmup_then_cosine():
     assert float(s(7)) == pytest.approx(0.5, abs=1e-6)
     with pytest.raises(ValueError, match="schedule"):
         step_lib.make_schedule(1.0, 10, kind="linear")
+
+
+def _traj(prompt, response, reward, stop_reason, group_id, logprobs=None, info=None):
+    from jaxrl.envs import Trajectory
+
+    r = len(response)
+    lp = np.full(r, -1.0, np.float32) if logprobs is None else np.asarray(logprobs, np.float32)
+    t = Trajectory(prompt_ids=np.asarray(prompt, np.int32), response_ids=np.asarray(response, np.int64),
+                   loss_mask=np.ones(r, np.int32), rollout_logprobs=lp, reward=reward, stop_reason="stop",
+                   group_id=group_id, policy_version=0, num_turns=1, info=dict(info or {}))
+    t.stop_reason = stop_reason  # "invalid_output" is set by the rollout loop (envs), not validated here
+    return t
+
+
+def test_env_error_and_invalid_output_trajectories_leave_the_loss_and_the_baselines():
+    """Regression (issue 9 §3/§7): env_error trajectories kept loss mask 1 and counted in the
+    reduction denominators; an engine's invalid output (NaN logprob, out-of-vocabulary id) went
+    into the batch. Excluded trajectories must have loss mask 0, not count as sequences, not be in
+    any advantage baseline, and their response must never reach the model."""
+    from jaxrl.rl import advantages as adv_lib
+    from jaxrl.train import trainer
+
+    p = [5, 6, 7]
+    trajs = [
+        _traj(p, [10, 11, 12], 1.0, "stop", 0),
+        _traj(p, [13, 14], 0.0, "stop", 0),
+        _traj(p, [15, 16, 17, 18], 0.7, "env_error", 0, info={"error": "ValueError: sandbox gone"}),
+        _traj(p, [19, 10 ** 6], 1.0, "invalid_output", 0, logprobs=[-1.0, np.nan]),
+        _traj(p, [20, 21], 0.0, "stop", 1), _traj(p, [22], 1.0, "length", 1),
+        _traj(p, [23, 24, 25], 0.0, "stop", 1), _traj(p, [26, 27], 1.0, "stop", 1),
+    ]
+    rewards, adv, batch = trainer.training_batch(trajs, adv_lib.AdvantageConfig(advantage_estimator="rloo_n"),
+                                                 (16,))
+    # RLOO by hand over the eligible members only: group 0 = {1.0, 0.0}, group 1 = {0, 1, 0, 1}.
+    np.testing.assert_allclose(adv, [1.0, -1.0, 0.0, 0.0, -2 / 3, 2 / 3, -2 / 3, 2 / 3], rtol=1e-6)
+    np.testing.assert_array_equal(batch["sequence_mask"], [1, 1, 0, 0, 1, 1, 1, 1])
+    tokens_per_row = batch["loss_mask"].sum(axis=1)
+    np.testing.assert_array_equal(tokens_per_row, [3, 2, 0, 0, 2, 1, 3, 2])
+    for i in (2, 3):  # only the prompt is fed to the model; nothing of the response
+        np.testing.assert_array_equal(batch["tokens"][i], p + [0] * 13)
+        assert batch["segment_ids"][i].sum() == 3
+        assert not batch["advantages"][i].any() and not batch["rollout_logprobs"][i].any()
+    assert np.isfinite(batch["rollout_logprobs"]).all() and batch["tokens"].max() < 10 ** 6
+    # Denominators: 6 sequences, 13 tokens (not 8 and 19).
+    m = batch["loss_mask"].astype(np.float64)
+    s = batch["sequence_mask"].astype(np.float64)
+    want = {"token_mean": m / 13.0,
+            "sequence_mean": m * s[:, None] / (6 * np.maximum(m.sum(1, keepdims=True), 1))}
+    for reduction, w in want.items():
+        got = losses.compute_loss_weights(batch["loss_mask"], losses.LossConfig(loss_reduction=reduction),
+                                          sequence_mask=batch["sequence_mask"])
+        np.testing.assert_allclose(np.asarray(got.policy), w, rtol=1e-6)

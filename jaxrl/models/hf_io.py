@@ -502,6 +502,8 @@ def save_hf_checkpoint(params: Mapping, cfg, out_dir: str, dtype: str = "bfloat1
     """
     from safetensors.numpy import save_file
 
+    from jaxrl.fileio import umask_mode
+
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"export dtype must be 'float32' or 'bfloat16', got {dtype!r}")
     os.makedirs(out_dir, exist_ok=True)
@@ -530,6 +532,7 @@ def save_hf_checkpoint(params: Mapping, cfg, out_dir: str, dtype: str = "bfloat1
     n = len(tmp_files)
     files = [SAFE_SINGLE] if n == 1 else [f"model-{k + 1:05d}-of-{n:05d}.safetensors" for k in range(n)]
     for tmp, fn in zip(tmp_files, files):
+        os.chmod(os.path.join(out_dir, tmp), umask_mode())  # safetensors writes 0600 whatever the umask
         os.replace(os.path.join(out_dir, tmp), os.path.join(out_dir, fn))
     stale = os.path.join(out_dir, SAFE_INDEX)
     if n > 1:

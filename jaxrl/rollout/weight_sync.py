@@ -2,8 +2,13 @@
 
 Layout written by `publish` (one directory per policy version):
 
-    sync_dir/<version>/params/      Orbax PyTree checkpoint (OCDBT + zarr) of the bf16 params
-    sync_dir/<version>/sync.json    {"version", "names", "bytes", ...}; written last
+    sync_dir/<version>/params/      Orbax PyTree checkpoint (OCDBT + zarr) of the params, in the
+                                    engine's compute dtype (bf16 at scale, float32 on CPU)
+    sync_dir/<version>/sync.json    {"version", "names", "bytes", "dtype", ...}; written last
+
+The publish dtype must be the rollout engine's compute dtype, so that trainer and engine hold the
+same weights at equal versions (a float32 engine fed bf16-rounded weights samples from another
+policy: max |log pi - log mu| 3e-2 instead of ~1e-6 on the embedded default policy).
 
 A version is written under a hidden temporary name (`sync_dir/.tmp-<version>`) and then renamed to
 `sync_dir/<version>` with one `os.rename`, which is atomic on POSIX file systems: a directory named
@@ -40,7 +45,7 @@ class SyncStats:
       version: policy version written or read.
       path: absolute path of the version directory.
       seconds: wall time of the operation (s).
-      bytes: bytes of tensor data (bf16 on disk for publish; as read for load).
+      bytes: bytes of tensor data (in the publish dtype for publish; as read for load).
       disk_bytes: bytes of all files in the version directory (after compression).
     """
 
@@ -142,17 +147,23 @@ def _to_pure_tree(params: Any) -> Any:
                         is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def _cast_bf16(tree: Any) -> Any:
+PUBLISH_DTYPES = ("bfloat16", "float32")
+
+
+def _cast_floats(tree: Any, dtype: str) -> Any:
+    """Floating leaves cast to `dtype` ("bfloat16" | "float32"); integer leaves unchanged."""
     import jax
     import jax.numpy as jnp
     import ml_dtypes
 
+    np_dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
+
     def cast(x):
         if isinstance(x, jax.Array):
-            return x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x
+            return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
         x = np.asarray(x)
         if np.issubdtype(x.dtype, np.floating) or x.dtype == ml_dtypes.bfloat16:
-            return x.astype(ml_dtypes.bfloat16)
+            return x.astype(np_dt)
         return x
 
     return jax.tree.map(cast, tree)
@@ -167,8 +178,8 @@ def _sync_processes(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-def publish(params: Any, sync_dir: str, version: int, keep: int = 2) -> SyncStats:
-    """Writes `params` (cast to bf16) as committed policy version `version` in `sync_dir`.
+def publish(params: Any, sync_dir: str, version: int, keep: int = 2, dtype: str = "bfloat16") -> SyncStats:
+    """Writes `params` (floats cast to `dtype`) as committed policy version `version` in `sync_dir`.
 
     Every JAX process must call this with the same arguments (Orbax writes each process's
     addressable shards; process 0 commits). Integer leaves are written unchanged.
@@ -178,10 +189,12 @@ def publish(params: Any, sync_dir: str, version: int, keep: int = 2) -> SyncStat
       sync_dir: shared directory (created if missing).
       version: integer >= 0, larger than any committed version.
       keep: number of newest committed versions kept (>= 1); older ones are deleted.
+      dtype: "bfloat16" or "float32": the rollout engine's compute dtype (the trainer passes
+        `model.compute_dtype`), so the engine computes with exactly the weights published.
     Returns:
-      SyncStats with the wall time from the call to the commit and the bf16 tensor bytes.
+      SyncStats with the wall time from the call to the commit and the tensor bytes (in `dtype`).
     Raises:
-      ValueError: bad `version`/`keep`, or the version exists already.
+      ValueError: bad `version`/`keep`/`dtype`, or the version exists already.
     """
     import jax
     import orbax.checkpoint as ocp
@@ -190,6 +203,8 @@ def publish(params: Any, sync_dir: str, version: int, keep: int = 2) -> SyncStat
         raise ValueError(f"publish: version must be an integer >= 0, got {version!r}")
     if keep < 1:
         raise ValueError(f"publish: keep must be >= 1, got {keep}")
+    if dtype not in PUBLISH_DTYPES:
+        raise ValueError(f"publish: dtype must be one of {PUBLISH_DTYPES}, got {dtype!r}")
     t0 = time.perf_counter()
     sync_dir = os.path.abspath(sync_dir)
     final = version_path(sync_dir, version)
@@ -204,7 +219,7 @@ def publish(params: Any, sync_dir: str, version: int, keep: int = 2) -> SyncStat
         os.makedirs(tmp)
     _sync_processes(f"jaxrl_publish_begin_{version}")
 
-    tree = _cast_bf16(_to_pure_tree(params))
+    tree = _cast_floats(_to_pure_tree(params), dtype)
     leaves_with_path = jax.tree_util.tree_flatten_with_path(tree)[0]
     names = [".".join(_key_str(k) for k in path) for path, _ in leaves_with_path]
     nbytes = int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize for _, x in leaves_with_path))
@@ -213,7 +228,7 @@ def publish(params: Any, sync_dir: str, version: int, keep: int = 2) -> SyncStat
         _sync_processes(f"jaxrl_publish_saved_{version}")
         if primary:
             meta = {"version": int(version), "names": names, "bytes": nbytes, "format": "orbax-pytree",
-                    "item": PARAMS_ITEM, "created": time.time()}
+                    "item": PARAMS_ITEM, "dtype": dtype, "created": time.time()}
             with open(os.path.join(tmp, SYNC_FILE), "w") as f:
                 json.dump(meta, f)
                 f.flush()

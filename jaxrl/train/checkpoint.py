@@ -3,7 +3,12 @@
 Layout: `workdir/checkpoints/<step>/{params, opt_state, trainer_state}` written by an Orbax
 `CheckpointManager`. Orbax writes each step into a temporary directory and renames it when
 complete, so a run killed mid-save leaves the previous step as the latest committed one.
-Retention: the last `max_to_keep` steps plus the step with the best reward EMA.
+
+Retention has ONE source of truth, the trainer: Orbax keeps every step, and `prune(protect)`
+deletes all but the last `max_to_keep` steps and the `protect`ed ones (the trainer passes the
+best checkpoint it records in `trainer_state`). So the step the trainer calls best is on disk
+after ties, restarts and rollbacks (a retention policy of Orbax's own, deciding by a metric the
+trainer does not control, deleted it: issue 9 §2).
 
 `trainer_state` is JSON: step, data-iterator position, reward-EMA state, policy version,
 learning-rate scale, rollbacks, the best checkpoint — everything a resumed run needs to continue
@@ -12,12 +17,10 @@ exactly (all randomness derives from the seed and the step, so no RNG state is n
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import jax
 import orbax.checkpoint as ocp
-
-_BEST_METRIC = "reward_ema"
 
 
 class CheckpointStore:
@@ -25,41 +28,39 @@ class CheckpointStore:
 
     Args:
       workdir: the run directory.
-      max_to_keep: the most recent steps to keep (the best-EMA step is kept in addition).
+      max_to_keep: the most recent steps `prune` keeps (protected steps are kept in addition).
       async_save: write in a background thread (call `wait()` before reading the files).
     """
 
     def __init__(self, workdir: str, max_to_keep: int = 2, async_save: bool = True):
-        self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
-        pp = ocp.checkpoint_managers.preservation_policy
-        policy = pp.AnyPreservationPolicy([
-            pp.LatestN(n=max_to_keep),
-            pp.BestN(get_metric_fn=lambda m: m[_BEST_METRIC], reverse=False, n=1,
-                     keep_checkpoints_without_metrics=False),
-        ])
-        options = ocp.CheckpointManagerOptions(
-            preservation_policy=policy,
-            enable_async_checkpointing=async_save,
-            create=True,
-        )
-        self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                             item_names=("params", "opt_state", "trainer_state"))
+        if max_to_keep < 1:
+            raise ValueError(f"CheckpointStore: max_to_keep must be >= 1, got {max_to_keep}")
+        self.workdir = os.path.abspath(workdir)
+        self.directory = os.path.join(self.workdir, "checkpoints")
+        self.max_to_keep = int(max_to_keep)
+        self._async = async_save
+        self.manager = self._open()
+
+    def _open(self) -> ocp.CheckpointManager:
+        options = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=self._async, create=True)
+        return ocp.CheckpointManager(self.directory, options=options,
+                                     item_names=("params", "opt_state", "trainer_state"))
 
     def latest_step(self) -> Optional[int]:
         """The newest committed step, or None when there is none."""
         return self.manager.latest_step()
 
     def all_steps(self) -> list[int]:
-        return list(self.manager.all_steps())
+        """Committed steps, ascending."""
+        return sorted(self.manager.all_steps())
 
-    def save(self, step: int, params: Any, opt_state: Any, trainer_state: dict[str, Any], reward_ema: float) -> None:
+    def save(self, step: int, params: Any, opt_state: Any, trainer_state: dict[str, Any]) -> None:
         """Starts saving one step (returns before the write finishes when async).
 
         Args:
           step: RL step number (the directory name).
           params, opt_state: pytrees of jax arrays (sharded arrays are written shard by shard).
           trainer_state: JSON-serializable dict.
-          reward_ema: the metric that decides which checkpoint is the best.
         """
         self.manager.save(
             step,
@@ -68,12 +69,25 @@ class CheckpointStore:
                 opt_state=ocp.args.StandardSave(opt_state),
                 trainer_state=ocp.args.JsonSave(trainer_state),
             ),
-            metrics={_BEST_METRIC: float(reward_ema)},
         )
 
     def wait(self) -> None:
         """Blocks until any pending asynchronous save is committed."""
         self.manager.wait_until_finished()
+
+    def prune(self, protect: Iterable[int] = ()) -> list[int]:
+        """Deletes committed steps other than the last `max_to_keep` and the `protect`ed ones.
+
+        Call it after `wait()`, on every process (Orbax deletes collectively). Returns the
+        deleted steps.
+        """
+        self.wait()
+        steps = self.all_steps()
+        keep = set(steps[-self.max_to_keep:]) | {int(s) for s in protect}
+        deleted = [s for s in steps if s not in keep]
+        for s in deleted:
+            self.manager.delete(s)
+        return deleted
 
     def restore(self, step: int, abstract_params: Any, abstract_opt_state: Any) -> tuple[Any, Any, dict[str, Any]]:
         """Restores (params, opt_state, trainer_state) of `step` into the given shapes/shardings.
@@ -83,6 +97,8 @@ class CheckpointStore:
 
         Raises:
           FileNotFoundError: when `step` has no committed checkpoint.
+          Exception: whatever Orbax / tensorstore raise for a damaged checkpoint (see
+            `is_damage_error`).
         """
         if step not in self.manager.all_steps():
             raise FileNotFoundError(f"no committed checkpoint for step {step} in {self.directory}; "
@@ -100,8 +116,55 @@ class CheckpointStore:
                 trainer_state=ocp.args.JsonRestore(),
             ),
         )
-        return out["params"], out["opt_state"], dict(out["trainer_state"])
+        ts = out["trainer_state"]
+        if not isinstance(ts, dict):
+            raise ValueError(f"checkpoint {step}: trainer_state is a JSON {type(ts).__name__}, not an object")
+        return out["params"], out["opt_state"], dict(ts)
+
+    def restore_trainer_state(self, step: int) -> dict[str, Any]:
+        """Only the JSON trainer state of `step` (cheap: no arrays are read).
+
+        Raises:
+          FileNotFoundError: no committed checkpoint for `step`; other errors for a damaged one.
+        """
+        if step not in self.manager.all_steps():
+            raise FileNotFoundError(f"no committed checkpoint for step {step} in {self.directory}")
+        out = self.manager.restore(step, args=ocp.args.Composite(trainer_state=ocp.args.JsonRestore()))
+        ts = out["trainer_state"]
+        if not isinstance(ts, dict):
+            raise ValueError(f"checkpoint {step}: trainer_state is a JSON {type(ts).__name__}, not an object")
+        return dict(ts)
+
+    def set_aside(self, step: int) -> str:
+        """Moves the (damaged) checkpoint of `step` out of the managed directory, to
+        `workdir/checkpoints_damaged/<step>` (or `<step>.N` if taken), so that later saves of that
+        step do not collide with it and nothing is deleted. Returns the new path. Process 0
+        moves; every process reloads the step list."""
+        dest_dir = os.path.join(self.workdir, "checkpoints_damaged")
+        dest = os.path.join(dest_dir, str(step))
+        if jax.process_index() == 0:
+            os.makedirs(dest_dir, exist_ok=True)
+            k = 1
+            while os.path.exists(dest):
+                dest = os.path.join(dest_dir, f"{step}.{k}")
+                k += 1
+            os.rename(os.path.join(self.directory, str(step)), dest)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"jaxrl_ckpt_set_aside_{step}")
+        self.manager.reload()
+        return dest
 
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def is_damage_error(e: BaseException) -> bool:
+    """True for an exception that means "this checkpoint cannot be read" (a truncated or corrupt
+    file), False for the ones that say nothing about the files: out of memory, interrupts."""
+    if isinstance(e, (MemoryError, KeyboardInterrupt, SystemExit)):
+        return False
+    text = f"{type(e).__name__}: {e}"
+    return "RESOURCE_EXHAUSTED" not in text and "Out of memory" not in text

@@ -13,6 +13,7 @@ import io
 import json
 import math
 import os
+import sys
 from typing import Any, Iterable, Optional
 
 from jaxrl.fileio import atomic_write_bytes, atomic_write_text
@@ -65,6 +66,19 @@ class RewardEMA:
         return cls(**d)
 
 
+def _step_of(row: dict) -> int:
+    """The integer `step` of a log row. Raises KeyError / TypeError / ValueError when it has none."""
+    if not isinstance(row, dict):
+        raise TypeError("not a row")
+    return int(row["step"])
+
+
+def _warn_damaged(path: str, what: str, where: list) -> None:
+    if where:
+        print(f"jaxrl: warning: {path}: dropped {len(where)} damaged {what} (first at line {where[0]}) while "
+              "resuming", file=sys.stderr)
+
+
 class RunLogger:
     """Writes the per-step and per-trajectory logs of a run directory.
 
@@ -81,7 +95,7 @@ class RunLogger:
         self.metrics_path = os.path.join(workdir, "metrics.csv")
         self.jsonl_path = os.path.join(workdir, "trainer_log.jsonl")
         self.trials_path = os.path.join(workdir, "trial_stats.csv")
-        keep = (lambda row: int(row["step"]) <= resume_step) if resume_step is not None else (lambda row: False)
+        keep = (lambda row: _step_of(row) <= resume_step) if resume_step is not None else (lambda row: False)
         self.rows: list[dict[str, Any]] = [r for r in self._read_jsonl(self.jsonl_path) if keep(r)]
         trials = [r for r in self._read_csv(self.trials_path) if keep(r)]
         self.trial_fields: Optional[list[str]] = list(trials[0].keys()) if trials else None
@@ -98,25 +112,48 @@ class RunLogger:
 
     @staticmethod
     def _read_jsonl(path: str) -> list[dict[str, Any]]:
+        """Rows of a step log; a damaged line (not JSON, not an object with an integer step) is
+        dropped with a one-line warning naming the file and line (the checkpoint, not this log,
+        is what a resumed run continues from)."""
         if not os.path.exists(path):
             return []
-        rows = []
-        with open(path) as f:
-            for line in f:
+        rows, bad = [], []
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for lineno, line in enumerate(f, start=1):
                 line = line.strip()
-                if line:
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError:  # a line cut by a kill mid-write
-                        break
+                if not line:
+                    continue
+                try:
+                    row = json.loads(line)
+                    _step_of(row)
+                except (json.JSONDecodeError, TypeError, KeyError, ValueError):
+                    bad.append(lineno)
+                    continue
+                rows.append(row)
+        _warn_damaged(path, "lines", bad)
         return rows
 
     @staticmethod
     def _read_csv(path: str) -> list[dict[str, Any]]:
+        """Rows of trial_stats.csv; damaged rows are dropped with a one-line warning (a row cut by
+        a kill mid-append belongs to a step after the checkpoint and is dropped anyway)."""
         if not os.path.exists(path):
             return []
-        with open(path, newline="") as f:
-            return list(csv.DictReader(f))
+        try:
+            with open(path, newline="", encoding="utf-8", errors="replace") as f:
+                rows = list(csv.DictReader(f))
+        except csv.Error as e:
+            print(f"jaxrl: warning: {path}: unreadable ({e}); its rows are dropped while resuming", file=sys.stderr)
+            return []
+        good, bad = [], []
+        for i, r in enumerate(rows, start=2):  # line 1 is the header
+            try:
+                _step_of(r)
+                good.append(r)
+            except (KeyError, TypeError, ValueError):
+                bad.append(i)
+        _warn_damaged(path, "lines", bad)
+        return good
 
     def _rewrite_step_logs(self) -> None:
         atomic_write_text(self.jsonl_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.rows))

@@ -26,6 +26,7 @@ import time
 from typing import Any, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxrl import config as config_lib
@@ -39,7 +40,7 @@ from jaxrl.rollout import weight_sync
 from jaxrl.rollout.sidecar import SidecarClient, SidecarError, SidecarProcess
 from jaxrl.rollout.types import SamplingParams
 from jaxrl.train import step as step_lib
-from jaxrl.train.checkpoint import CheckpointStore
+from jaxrl.train.checkpoint import CheckpointStore, is_damage_error
 from jaxrl.train.metrics import RewardEMA, RunLogger, plot_rewards, write_report
 
 # Keys that may differ between the rl_config.json of a run and the command that resumes it.
@@ -57,6 +58,14 @@ def _maybe_kill(point: str, step: int) -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _maybe_kill_sidecar(point: str, version: int, sidecars) -> None:
+    """Fault injection: JAXRL_KILL_SIDECAR_AT="publish:<version>" SIGKILLs the first sidecar just
+    before it is asked to load policy version <version> (a sidecar dying during weight sync)."""
+    spec = os.environ.get("JAXRL_KILL_SIDECAR_AT", "")
+    if sidecars and spec == f"{point}:{version}":
+        sidecars[0].kill()
 
 
 def _derive_seed(*parts: int) -> int:
@@ -101,6 +110,72 @@ def _global_array(x: np.ndarray, mesh) -> jax.Array:
     if x.ndim and x.shape[0] % n:
         raise ValueError(f"batch of {x.shape[0]} rows does not split over data x fsdp = {n} devices")
     return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+
+def _excluded_detail(t: Trajectory) -> str:
+    """What went wrong in an excluded trajectory (its `info`), in one short line."""
+    for key in ("error", "invalid_output", "reason"):
+        if t.info.get(key):
+            return " ".join(str(t.info[key]).split())[:200]
+    return "no detail recorded"
+
+
+def _logprob_diff(old_logprobs, rollout_logprobs, loss_mask):
+    """Trainer vs engine logprobs on the loss tokens of one mini-batch.
+
+    Args: old_logprobs (log pi_old, the trainer's), rollout_logprobs (log mu, the engine's),
+      loss_mask: `[N, T-1]`, float32 / float32 / int (target-aligned).
+    Returns: (sum of |log pi_old - log mu|, number of loss tokens, max |.|), float32 scalars
+      (max is 0 when there is no loss token).
+    """
+    m = loss_mask > 0
+    d = jnp.where(m, jnp.abs(old_logprobs - rollout_logprobs), 0.0)
+    return jnp.sum(d), jnp.sum(m.astype(jnp.float32)), jnp.max(d)
+
+
+class RunDirError(RuntimeError):
+    """A file of the run directory cannot be used; the one-line message names it and the fix."""
+
+
+class CheckpointError(RunDirError):
+    """No usable checkpoint to resume from; the message names the files and the fix."""
+
+
+def read_json_object(path: str, what: str, fix: str) -> dict:
+    """The JSON object stored in `path`.
+
+    Raises:
+      RunDirError: unreadable, not UTF-8, not JSON, or JSON that is not an object; one line
+        naming `path`, what it should be (`what`) and `fix`.
+    """
+    try:
+        with open(path, "rb") as f:
+            obj = json.loads(f.read().decode("utf-8"))
+    except OSError as e:
+        raise RunDirError(f"{path}: cannot read the {what} ({e.strerror}). Fix: {fix}") from None
+    except UnicodeDecodeError:
+        raise RunDirError(f"{path}: the {what} is not text (binary or non-UTF-8 bytes). Fix: {fix}") from None
+    except json.JSONDecodeError as e:
+        raise RunDirError(f"{path}: the {what} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}). "
+                          f"Fix: {fix}") from None
+    if not isinstance(obj, dict):
+        raise RunDirError(f"{path}: the {what} must be a JSON object, found a JSON {type(obj).__name__}. Fix: {fix}")
+    return obj
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    """`Type: message` of an exception on one line (long library messages cut at `limit`)."""
+    text = " ".join(f"{type(e).__name__}: {e}".split())
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _all_processes_ok(ok: bool, name: str) -> bool:
+    """True iff `ok` holds on every process (so that all take the same branch)."""
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+
+    return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
 
 
 class _NoLogger:
@@ -159,15 +234,34 @@ def bucket_length(n: int, buckets) -> int:
                      f"{max(buckets)}; add a larger bucket or lower generator limits")
 
 
+# Trajectories that end with these stop reasons leave the loss: `env_error` (the environment
+# failed, the reward says nothing about the policy) and `invalid_output` (the engine returned
+# non-finite logprobs, out-of-vocabulary ids or a wrong length). They get loss mask 0, do not
+# count as sequences in the loss reduction, are not in the advantage baselines, and are counted
+# in `generate/num_excluded_<reason>`.
+EXCLUDED_STOP_REASONS = ("env_error", "invalid_output")
+
+
+def is_excluded(t: Trajectory) -> bool:
+    """True when trajectory `t` must not be trained on (`EXCLUDED_STOP_REASONS`)."""
+    return t.stop_reason in EXCLUDED_STOP_REASONS
+
+
 def pack_trajectories(trajs: list[Trajectory], advantages: np.ndarray, buckets) -> dict[str, np.ndarray]:
     """Right-padded rows `[N, T]` (T bucketed) with target-aligned `[N, T-1]` arrays (DESIGN.md §3).
 
     Row i holds prompt_ids + response_ids; response token j sits at position P + j and is
     predicted at target index P + j - 1, which is where its loss_mask, rollout logprob and the
     trajectory's advantage go.
+
+    An excluded trajectory (`is_excluded`) keeps only its prompt: its response (possibly holding
+    out-of-vocabulary ids or non-finite logprobs) never reaches the model, its loss mask, rollout
+    logprobs and advantages are 0, and `sequence_mask [N]` (bool) is False for it so it does not
+    count as a sequence in the loss reduction.
     """
     n = len(trajs)
-    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
+    excluded = [is_excluded(t) for t in trajs]
+    lengths = [len(t.prompt_ids) + (0 if x else len(t.response_ids)) for t, x in zip(trajs, excluded)]
     T = bucket_length(max(lengths), buckets)
     tokens = np.zeros((n, T), np.int32)
     seg = np.zeros((n, T), np.int32)
@@ -177,16 +271,31 @@ def pack_trajectories(trajs: list[Trajectory], advantages: np.ndarray, buckets) 
     adv = np.zeros((n, T - 1), np.float32)
     for i, (t, L) in enumerate(zip(trajs, lengths)):
         P = len(t.prompt_ids)
-        tokens[i, :L] = np.concatenate([t.prompt_ids, t.response_ids])
         seg[i, :L] = 1
         pos[i, :L] = np.arange(L)
+        if excluded[i]:
+            tokens[i, :L] = t.prompt_ids
+            continue
+        tokens[i, :L] = np.concatenate([t.prompt_ids, t.response_ids])
         R = len(t.response_ids)
         loss_mask[i, P - 1:P - 1 + R] = t.loss_mask
         rollout_lp[i, P - 1:P - 1 + R] = np.where(t.loss_mask > 0, t.rollout_logprobs, 0.0)
         adv[i, P - 1:P - 1 + R] = np.where(t.loss_mask > 0, advantages[i], 0.0)
     is_truncated = np.array([t.stop_reason != "stop" for t in trajs])
     return dict(tokens=tokens, positions=pos, segment_ids=seg, loss_mask=loss_mask,
-                rollout_logprobs=rollout_lp, advantages=adv, is_truncated=is_truncated)
+                rollout_logprobs=rollout_lp, advantages=adv, is_truncated=is_truncated,
+                sequence_mask=~np.array(excluded, bool))
+
+
+def training_batch(trajs: list[Trajectory], adv_cfg: adv_lib.AdvantageConfig, buckets):
+    """Rewards `[N]` float32, per-trajectory advantages `[N]` float32 and the packed batch of
+    one step's trajectories. Excluded trajectories (`is_excluded`) are left out of the advantage
+    baselines (`baseline_mask`) and of the loss (`pack_trajectories`)."""
+    rewards = np.array([t.reward for t in trajs], np.float32)
+    group_ids = np.array([t.group_id for t in trajs], np.int32)
+    baseline_mask = np.array([not is_excluded(t) for t in trajs])
+    advantages = np.asarray(adv_lib.compute_advantages(rewards, group_ids, baseline_mask, adv_cfg))
+    return rewards, advantages, pack_trajectories(trajs, advantages, buckets)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,7 +332,8 @@ class PromptSource:
         return out
 
     def eval_batch(self):
-        if self.eval_suite is None:
+        """The held-out tasks ([] when there is no eval task or `data.num_eval_prompts` is 0)."""
+        if self.eval_suite is None or self.c.data.num_eval_prompts == 0:
             return []
         return self.eval_suite.dataset("eval", num=self.c.data.num_eval_prompts, seed=_derive_seed(self.c.seed, 7))
 
@@ -247,6 +357,20 @@ class TrainerState:
     data_position: int = 0  # prompts consumed (= step * train_batch_size)
     best_ckpt_step: int = -1  # the saved step with the highest reward EMA (what best/ exports)
     best_ckpt_ema: float = -math.inf
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str) -> "TrainerState":
+        """The state saved in a checkpoint; fields added since it was written take their defaults.
+
+        Raises:
+          CheckpointError: unknown fields (written by another jaxrl version), naming `where`.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise CheckpointError(f"{where}: unknown trainer-state fields {unknown} (written by another jaxrl "
+                                  "version). Fix: resume with the jaxrl version that wrote it, or use a new --workdir")
+        return cls(**d)
 
 
 class Trainer:
@@ -337,8 +461,9 @@ class Trainer:
         path = os.path.join(self.workdir, "rl_config.json")
         new = config_lib.to_json_dict(self.c)
         if os.path.exists(path):
-            with open(path) as f:
-                old = json.load(f)
+            old = read_json_object(path, "resolved config of the run in this workdir",
+                                   "restore the file, delete it to resume under the config of this command, "
+                                   "or use a new --workdir")
             a, b = _flatten(old), _flatten(new)
             diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES)
             if diff:
@@ -376,7 +501,9 @@ class Trainer:
 
         self._logprobs = jax.jit(batch_logprobs)
         # Jitted so that it is one SPMD program over the global mini-batch in multi-process runs.
-        self._loss_weights = jax.jit(lambda loss_mask: losses.compute_loss_weights(loss_mask, self.loss_cfg))
+        self._loss_weights = jax.jit(lambda loss_mask, sequence_mask: losses.compute_loss_weights(
+            loss_mask, self.loss_cfg, sequence_mask=sequence_mask))
+        self._logprob_diff = jax.jit(_logprob_diff)
 
     # -- sidecars -----------------------------------------------------------------------------
     def _start_sidecars(self):
@@ -412,29 +539,63 @@ class Trainer:
         return path
 
     def _restart_dead_sidecars(self) -> bool:
+        """Restarts every trainer-owned sidecar process that has exited; True if any had.
+
+        A restarted sidecar loads the newest committed policy version itself (--resume-latest).
+        Raises:
+          SidecarError: a sidecar did not come back (one line naming its log file).
+        """
         dead = [sp for sp in self.sidecars if not sp.alive()]
         for sp in dead:
             print(f"jaxrl: sidecar {sp.url} died (exit code {sp.returncode}); restarting", file=sys.stderr)
-            sp.restart()
+            try:
+                sp.restart()
+            except (RuntimeError, TimeoutError) as e:
+                raise SidecarError(sp.url, f"did not restart ({str(e).splitlines()[0]}); see its log "
+                                           f"{sp.log_path}") from None
         return bool(dead)
 
+    def _with_sidecar_restart(self, what: str, fn):
+        """Runs `fn()`; if it fails because a sidecar died, restarts the dead sidecars and runs it
+        once more. Both rollouts and weight loads go through here, so a sidecar killed at any
+        point is restarted the same way.
+
+        Raises:
+          SidecarError: the retry failed too, or no sidecar had died (a refusal, an external
+            sidecar that is down); the message says what failed, without library internals.
+        """
+        try:
+            return fn()
+        except SidecarError as e:
+            if not self._restart_dead_sidecars():
+                raise
+            first = e
+        try:
+            return fn()
+        except SidecarError as e:
+            logs = ", ".join(sp.log_path for sp in self.sidecars)
+            raise SidecarError(e.url, f"{what} failed again after restarting the sidecar that died ({first}); "
+                                      f"sidecar logs: {logs}") from None
+
     def _publish(self, params, version: int):
-        """Every process writes its shards of version `version`; process 0 then has the sidecars load it."""
+        """Every process writes its shards of version `version` (in the engine's compute dtype,
+        so trainer and engine hold the same weights); process 0 then has the sidecars load it,
+        restarting a sidecar that died (also during the load) and loading again."""
         t0 = time.perf_counter()
-        stats = weight_sync.publish(params, self.sync_dir, version, keep=self.c.trainer.weight_sync_keep)
+        stats = weight_sync.publish(params, self.sync_dir, version, keep=self.c.trainer.weight_sync_keep,
+                                    dtype=self.c.model.compute_dtype)
         if self.is_main:
-            self.client.load_weights(version, weight_sync.version_path(self.sync_dir, version))
+            path = weight_sync.version_path(self.sync_dir, version)
+            _maybe_kill_sidecar("publish", version, self.sidecars)
+            self._with_sidecar_restart(f"loading policy version {version}",
+                                       lambda: self.client.load_weights(version, path))
         self.state.policy_version = version
         self.timings["sync_weights"] = time.perf_counter() - t0
         self.last_sync_bytes = stats.bytes
 
     def _generate(self, tasks, sampling: SamplingParams, n: int):
-        for attempt in range(2):
-            try:
-                return run_rollouts(self.client, self.chat, tasks, sampling, self._rollout_cfg(n))
-            except SidecarError:
-                if attempt == 1 or not self._restart_dead_sidecars():
-                    raise
+        return self._with_sidecar_restart(
+            "generation", lambda: run_rollouts(self.client, self.chat, tasks, sampling, self._rollout_cfg(n)))
 
     def _rollout_cfg(self, n: Optional[int] = None) -> RolloutConfig:
         g = self.c.generator
@@ -444,8 +605,9 @@ class Trainer:
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """Held-out success rate (reward >= 1) and mean reward of the served policy version
-        (process 0 only; other processes get {})."""
+        """Held-out success rate (reward >= `trainer.success_threshold`) and mean reward of the
+        served policy version (process 0 only; other processes, and runs without eval prompts,
+        get {})."""
         tasks = self.prompts.eval_batch()
         self._eval_version, self._eval_result = self.state.policy_version, {}  # same on every process
         if not tasks or not self.is_main:
@@ -458,7 +620,8 @@ class Trainer:
         trajs = self._generate(tasks, sampling, n=1)
         rewards = np.array([t.reward for t in trajs])
         self.timings["eval"] = time.perf_counter() - t0
-        result = {"eval/success_rate": float(np.mean(rewards >= 1.0)), "eval/avg_reward": float(rewards.mean())}
+        result = {"eval/success_rate": float(np.mean(rewards >= self.c.trainer.success_threshold)),
+                  "eval/avg_reward": float(rewards.mean())}
         self._eval_result = result
         return result
 
@@ -474,11 +637,7 @@ class Trainer:
         trajs = self._generate(tasks, sampling, n=n)
         _maybe_kill("generate", step)
         self.timings["generate"] = time.perf_counter() - t0
-        rewards = np.array([t.reward for t in trajs], np.float32)
-        group_ids = np.array([t.group_id for t in trajs], np.int32)
-        baseline_mask = np.array([t.stop_reason != "env_error" for t in trajs])
-        advantages = np.asarray(adv_lib.compute_advantages(rewards, group_ids, baseline_mask, self.adv_cfg))
-        batch = pack_trajectories(trajs, advantages, c.trainer.seq_len_buckets)
+        rewards, advantages, batch = training_batch(trajs, self.adv_cfg, c.trainer.seq_len_buckets)
         return trajs, rewards, advantages, batch
 
     def _rl_step(self, step: int, params, opt_state):
@@ -498,17 +657,20 @@ class Trainer:
         # logprobs are computed before any update, with the same partition as training.
         t0 = time.perf_counter()
         with jax.set_mesh(self.mesh):
-            minis = []
+            minis, diffs = [], []
             for mb in range(self.num_minibatches):
                 sl = slice(mb * self.mini_rows, (mb + 1) * self.mini_rows)
                 dev = {k: _global_array(v[sl], self.mesh) for k, v in batch.items()}
+                sequence_mask = dev.pop("sequence_mask")
                 dev["old_logprobs"] = self._logprobs(params, dev["tokens"], dev["positions"], dev["segment_ids"])
                 if losses.needs_reference_model(self.loss_cfg):
                     dev["ref_logprobs"] = self._logprobs(self.ref_params, dev["tokens"], dev["positions"],
                                                          dev["segment_ids"])
-                minis.append((dev, self._loss_weights(dev["loss_mask"])))
+                diffs.append(self._logprob_diff(dev["old_logprobs"], dev["rollout_logprobs"], dev["loss_mask"]))
+                minis.append((dev, self._loss_weights(dev["loss_mask"], sequence_mask)))
             jax.block_until_ready(minis)
             self.timings["fwd_logprobs"] = time.perf_counter() - t0
+            diffs = jax.device_get(diffs)
 
             t0 = time.perf_counter()
             step_metrics: list[dict] = []
@@ -538,9 +700,31 @@ class Trainer:
             m["policy/clip_ratio"] = m["policy/loss_metrics/clip_ratio"]
         m["policy/num_skipped_updates_total"] = self.state.skipped_updates
         grouped = rewards.reshape(-1, n)
+        success = c.trainer.success_threshold
         m["reward/avg_raw_reward"] = float(rewards.mean())
-        m[f"reward/avg_pass_at_{n}"] = float(np.mean(grouped.max(axis=1) > 0))
-        m["reward/success_rate"] = float(np.mean(rewards >= 1.0))
+        m[f"reward/avg_pass_at_{n}"] = float(np.mean(grouped.max(axis=1) >= success))
+        m["reward/success_rate"] = float(np.mean(rewards >= success))
+        # Trainer (pi_old) vs engine (mu) logprobs on the loss tokens: ~1e-6 when both hold the
+        # same float32 weights; larger in bf16 (see docs/numerics.md).
+        total, count = sum(float(d[0]) for d in diffs), sum(float(d[1]) for d in diffs)
+        m["rollout/logprob_diff_mean"] = total / max(count, 1.0)
+        m["rollout/logprob_diff_max"] = max(float(d[2]) for d in diffs)
+        bound = c.trainer.logprob_diff_warn_threshold
+        if self.is_main and bound > 0 and m["rollout/logprob_diff_max"] > bound:
+            print(f"jaxrl: warning: step {step}: trainer and rollout engine logprobs differ by up to "
+                  f"{m['rollout/logprob_diff_max']:.3g} (mean {m['rollout/logprob_diff_mean']:.3g}) on the loss "
+                  f"tokens, above trainer.logprob_diff_warn_threshold={bound:g}; the engine does not sample from "
+                  "the policy the trainer optimizes (see docs/numerics.md)", file=sys.stderr)
+        if self.is_main:
+            excluded = [t for t in trajs if is_excluded(t)]
+            for reason in EXCLUDED_STOP_REASONS:
+                m[f"generate/num_excluded_{reason}"] = sum(t.stop_reason == reason for t in excluded)
+            if excluded:
+                shown = "; ".join(f"{t.stop_reason} task {t.info.get('task_id') or '?'} group {t.group_id} sample "
+                                  f"{t.info.get('sample_index', 0)}: {_excluded_detail(t)}" for t in excluded[:4])
+                more = f"; ... {len(excluded) - 4} more in trial_stats.csv" if len(excluded) > 4 else ""
+                print(f"jaxrl: step {step}: {len(excluded)} of {len(trajs)} trajectories excluded from the loss "
+                      f"({shown}{more})", file=sys.stderr)
         m["loss/avg_raw_advantages"] = float(advantages.mean())
         m["loss/avg_raw_advantages_abs"] = float(np.abs(advantages).mean())
         ntok = batch["loss_mask"].sum(axis=1)
@@ -556,23 +740,38 @@ class Trainer:
         trials = [{"group_id": t.group_id, "sample_index": t.info.get("sample_index", 0), "reward": t.reward,
                    "advantage": float(a), "num_tokens": int(t.loss_mask.sum()), "num_turns": t.num_turns,
                    "stop_reason": t.stop_reason, "policy_version": t.policy_version,
-                   "task_id": t.info.get("task_id", ""),
-                   "prompt": self.chat.tokenizer.decode(t.prompt_ids.tolist()),
-                   "response": self.chat.tokenizer.decode(t.response_ids.tolist())}
+                   "task_id": t.info.get("task_id", ""), "excluded": int(is_excluded(t)),
+                   "error": _excluded_detail(t) if is_excluded(t) else "",
+                   "prompt": self._decode(t.prompt_ids), "response": self._decode(t.response_ids)}
                   for t, a in zip(trajs or [], advantages)]
         return params, opt_state, m, trials, is_best
 
+    def _decode(self, ids) -> str:
+        """Text of token ids for the rollout logs; ids the tokenizer cannot decode (an engine's
+        invalid output) are shown as numbers instead of failing the step."""
+        try:
+            return self.chat.tokenizer.decode([int(i) for i in ids])
+        except Exception:  # out-of-vocabulary ids from a faulty engine
+            return f"<undecodable token ids {[int(i) for i in ids][:64]}>"
+
     # -- checkpoints ----------------------------------------------------------------------------
     def _save(self, step: int, params, opt_state):
+        """Checkpoints `step`, then prunes: the last `max_ckpts_to_keep` steps and the best stay.
+
+        The best checkpoint is the saved step with the highest reward EMA; on a tie the earlier
+        step stays best. It is recorded in the trainer state that is saved with the step, and it
+        is the only step retention protects, so it is on disk whenever a checkpoint names it.
+        """
         t0 = time.perf_counter()
         self.state.step = step
         self.state.data_position = step * self.c.trainer.train_batch_size
         self.state.ema = self.ema.state_dict()
         if self.ema.value is not None and self.ema.value > self.state.best_ckpt_ema:
             self.state.best_ckpt_step, self.state.best_ckpt_ema = step, float(self.ema.value)
-        self.ckpt.save(step, params, opt_state, dataclasses.asdict(self.state), self.ema.value)
+        self.ckpt.save(step, params, opt_state, dataclasses.asdict(self.state))
         _maybe_kill("save", step)  # the async write is in flight here
         self.ckpt.wait()
+        self.ckpt.prune(protect=[self.state.best_ckpt_step])
         self.timings["save_checkpoints"] = time.perf_counter() - t0
 
     def _restore(self, step: int):
@@ -583,6 +782,60 @@ class Trainer:
         params, opt_state, ts = self.ckpt.restore(step, abstract_p, abstract_o)
         return params, opt_state, ts
 
+    def _initial_params(self):
+        """The starting policy (the HF checkpoint of `model.path`), sharded."""
+        with jax.set_mesh(self.mesh):
+            return hf_io.load_hf_checkpoint(self.model_dir, self.model_cfg, shardings=self.param_sharding)[1]
+
+    def _resume(self):
+        """Restores the newest readable committed checkpoint.
+
+        A checkpoint that cannot be read (a truncated or corrupt file) is reported in one line
+        and moved to `checkpoints_damaged/`, and the previous committed one is used; when none is
+        readable the run stops with one line naming them. If the best checkpoint the restored
+        state names is gone (it was the damaged one), the best is re-chosen among the steps on
+        disk by the reward EMA each recorded.
+
+        Returns: (step, params, opt_state, TrainerState), or None when there is no checkpoint.
+        Raises:
+          CheckpointError: every committed checkpoint is damaged.
+        """
+        steps = self.ckpt.all_steps()
+        damaged = []
+        for step in reversed(steps):
+            try:
+                params, opt_state, ts = self._restore(step)
+                error = ""
+            except Exception as e:  # noqa: BLE001 - classified by is_damage_error
+                if not is_damage_error(e):
+                    raise
+                error = _one_line(e)
+            if _all_processes_ok(not error, f"resume_{step}"):
+                break
+            damaged.append((step, error or "unreadable on another process"))
+        else:
+            if not steps:
+                return None
+            raise CheckpointError(
+                f"every checkpoint in {self.ckpt.directory} is damaged ({'; '.join(f'step {s}: {e}' for s, e in damaged)})"
+                f". Fix: restore the files, or start over with a new --workdir")
+        for bad, error in damaged:
+            moved = self.ckpt.set_aside(bad)
+            msg = (f"checkpoint {bad} in {self.ckpt.directory} is damaged ({error}); moved it to {moved} and "
+                   f"resumed from step {step}")
+            print(f"jaxrl: warning: {msg}", file=sys.stderr)
+        state = TrainerState.from_dict(ts, where=f"{self.ckpt.directory}/{step}/trainer_state")
+        state.events.extend(f"checkpoint {bad} was damaged ({error}); resumed from step {step}" for bad, error in damaged)
+        on_disk = self.ckpt.all_steps()
+        if state.best_ckpt_step not in on_disk:
+            emas = {s: self.ckpt.restore_trainer_state(s)["ema"]["value"] for s in on_disk if s <= step}
+            best = max(emas, key=lambda s: (emas[s], -s))  # highest EMA; the earlier step on a tie
+            print(f"jaxrl: warning: the best checkpoint {state.best_ckpt_step} is gone; the best is now step {best} "
+                  f"(EMA {emas[best]:.4f}) among the steps on disk {on_disk}", file=sys.stderr)
+            state.best_ckpt_step, state.best_ckpt_ema = best, float(emas[best])
+        self.ckpt.prune(protect=[state.best_ckpt_step])  # leftovers of a run killed before its prune
+        return step, params, opt_state, state
+
     # -- main loop ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         c = self.c
@@ -591,27 +844,34 @@ class Trainer:
         latest = self.ckpt.latest_step()
         summary_path = os.path.join(self.workdir, "summary.json")
         if latest is not None and latest >= c.trainer.num_steps and os.path.exists(summary_path):
-            print(f"jaxrl: {self.workdir} is complete (step {latest} of {c.trainer.num_steps}); see report.md. "
-                  "Raise --config.trainer.num_steps to continue training.", file=sys.stderr)
-            self.ckpt.close()
-            with open(summary_path) as f:
-                return json.load(f)
+            try:
+                done = read_json_object(summary_path, "run summary", "")
+            except RunDirError as e:  # written again below: the run resumes at its last step and finishes
+                print(f"jaxrl: warning: {str(e).split('. Fix:')[0]}; finishing the run again to rewrite it",
+                      file=sys.stderr)
+            else:
+                print(f"jaxrl: {self.workdir} is complete (step {latest} of {c.trainer.num_steps}); see report.md. "
+                      "Raise --config.trainer.num_steps to continue training.", file=sys.stderr)
+                self.ckpt.close()
+                return done
         with jax.set_mesh(self.mesh):
             _, init_params = hf_io.load_hf_checkpoint(self.model_dir, self.model_cfg, shardings=self.param_sharding)
             if losses.needs_reference_model(self.loss_cfg):
-                self.ref_params = init_params  # frozen copy of the starting policy
-            if latest is None:
+                # A frozen copy of the starting policy in buffers of its own: the train step
+                # donates the policy's buffers, so sharing them would delete the reference.
+                self.ref_params = jax.jit(lambda t: jax.tree.map(jnp.copy, t),
+                                          out_shardings=self.param_sharding)(init_params)
+            resumed = self._resume() if latest is not None else None
+            if resumed is None:
                 params, opt_state = init_params, self._opt_init(init_params)
                 start = 0
             else:
-                params, opt_state, ts = self._restore(latest)
-                self.state = TrainerState(**ts)
+                start, params, opt_state, self.state = resumed
                 self.ema = RewardEMA.from_state_dict(self.state.ema)
                 if self.state.lr_scale != 1.0:
                     self._build_optimizer()
-                start = latest
-                print(f"jaxrl: resuming {self.workdir} from step {latest}", file=sys.stderr)
-        logger = (RunLogger(self.workdir, resume_step=start if latest is not None else None) if self.is_main
+                print(f"jaxrl: resuming {self.workdir} from step {start}", file=sys.stderr)
+        logger = (RunLogger(self.workdir, resume_step=start if resumed is not None else None) if self.is_main
                   else _NoLogger())
         if self.is_main:
             shutil.rmtree(self.sync_dir, ignore_errors=True)  # versions are republished from the checkpoint
@@ -670,12 +930,20 @@ class Trainer:
         return summary
 
     def _rollback(self, step: int, event: str):
+        """Restores the best checkpoint (the initial policy with a fresh optimizer when no step has
+        been saved yet) and lowers the learning rate by `collapse.lr_factor`."""
         best = self.state.best_ckpt_step
         self.state.rollbacks += 1
         self.state.lr_scale *= self.c.trainer.collapse.lr_factor
-        self.state.events.append(f"{event}; rolled back to step {best} with lr x{self.state.lr_scale:g}")
+        target = f"step {best}" if best >= 1 else "the initial policy (no checkpoint saved yet)"
+        self.state.events.append(f"{event}; rolled back to {target} with lr x{self.state.lr_scale:g}")
         self._build_optimizer()
-        params, opt_state, _ = self._restore(best)
+        if best >= 1:
+            params, opt_state, _ = self._restore(best)
+        else:
+            params = self._initial_params()
+            with jax.set_mesh(self.mesh):
+                opt_state = self._opt_init(params)
         self.ema.steps_below = 0
         self._publish(params, self.state.policy_version + 1)  # the next rollouts use the restored weights
         return params, opt_state
@@ -716,9 +984,6 @@ class Trainer:
 
 
 def _report(c, summary, rows, state: TrainerState, collapsed: bool) -> str:
-    def fmt(x):
-        return "n/a" if x is None else f"{100 * x:.1f}%"
-
     a = c.trainer.algorithm
     timing_keys = sorted({k for r in rows for k in r if k.startswith("timing/")})
     timing_lines = [f"| {k[7:]} | {np.mean([float(r[k]) for r in rows if k in r and r['step'] > 0] or [0]):.2f} |"
@@ -738,8 +1003,7 @@ def _report(c, summary, rows, state: TrainerState, collapsed: bool) -> str:
         f"- steps run: {summary['last_step']} of {c.trainer.num_steps}; wall time {summary['wall_s'] / 60:.1f} min",
         f"- best step by reward EMA (span {c.trainer.ema_span}): **{summary['best_step']}** "
         f"(EMA {summary['best_ema']:.3f})",
-        f"- held-out success: start {fmt(summary.get('initial_eval'))} -> best-EMA checkpoint "
-        f"{fmt(summary.get('best_eval'))}",
+        _eval_line(c, summary),
         f"- final step: mean reward {float(last.get('reward/avg_raw_reward', float('nan'))):.3f}, "
         f"EMA {float(last.get('reward/ema', float('nan'))):.3f}",
         f"- skipped (non-finite) updates: {state.skipped_updates}", "",
@@ -750,6 +1014,19 @@ def _report(c, summary, rows, state: TrainerState, collapsed: bool) -> str:
         "![reward](reward_plot.png)", "",
     ]
     return "\n".join(lines)
+
+
+def _eval_line(c, summary) -> str:
+    """The report's held-out line; says why there is no number when evaluation is off."""
+    def fmt(x):
+        return "n/a" if x is None else f"{100 * x:.1f}%"
+
+    if c.data.num_eval_prompts == 0:
+        return "- held-out success: not evaluated (data.num_eval_prompts=0)"
+    if not (c.data.eval_task or c.data.task != "dataset"):
+        return "- held-out success: not evaluated (no held-out task: set data.eval_task to a built-in task)"
+    return (f"- held-out success (reward >= {c.trainer.success_threshold:g}): start "
+            f"{fmt(summary.get('initial_eval'))} -> best-EMA checkpoint {fmt(summary.get('best_eval'))}")
 
 
 class _progress:

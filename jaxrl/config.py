@@ -104,9 +104,10 @@ def base_config() -> ml_collections.ConfigDict:
     # count as failures everywhere).
     c.trainer.success_threshold = 1.0
     # Warn (one stderr line per step) when max |trainer logprob - engine logprob| over the loss
-    # tokens (the metric rollout/logprob_diff_max) exceeds this; 0 = never warn. float32 engines
-    # holding the trainer's weights stay below 1e-4; see docs/numerics.md for bf16.
-    c.trainer.logprob_diff_warn_threshold = 1e-3
+    # tokens (the metric rollout/logprob_diff_max) exceeds this; 0 = never warn; -1 = by
+    # model.compute_dtype: 1e-3 for float32 (engines holding the trainer's float32 weights stay
+    # below 1e-4), 1.0 for bfloat16 (see docs/numerics.md for the measured gaps).
+    c.trainer.logprob_diff_warn_threshold = -1.0
 
     c.trainer.optimizer = ml_collections.ConfigDict()
     c.trainer.optimizer.lr = 8e-6
@@ -197,7 +198,6 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     c.trainer.ckpt_interval = 5
     c.trainer.seq_len_buckets = (4096, 8192, 16384, 32768)
     c.trainer.save_on_new_best = False
-    c.trainer.logprob_diff_warn_threshold = 1.0  # bf16 engines differ from the trainer (docs/numerics.md)
     return c
 
 
@@ -294,8 +294,9 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
     _require(t.eval_interval >= 0, "trainer.eval_interval", "must be >= 0", "use 0 to evaluate only at the ends")
     _require(math.isfinite(t.success_threshold), "trainer.success_threshold", f"{t.success_threshold} is not finite",
              "use the reward of a solved task, e.g. 1.0")
-    _require(t.logprob_diff_warn_threshold >= 0, "trainer.logprob_diff_warn_threshold",
-             f"{t.logprob_diff_warn_threshold} must be >= 0", "use e.g. 1e-3 (float32) or 1.0 (bf16); 0 never warns")
+    _require(t.logprob_diff_warn_threshold >= 0 or t.logprob_diff_warn_threshold == -1,
+             "trainer.logprob_diff_warn_threshold", f"{t.logprob_diff_warn_threshold} is not a bound",
+             "use a bound >= 0 (0 never warns), or -1 for the compute dtype's default (1e-3 float32, 1.0 bfloat16)")
     o = t.optimizer
     _require(o.lr > 0 and math.isfinite(o.lr), "trainer.optimizer.lr", f"{o.lr} must be a positive number", "use e.g. 8e-6")
     _require(o.max_grad_norm > 0, "trainer.optimizer.max_grad_norm", "must be > 0", "use e.g. 1.0")
@@ -365,6 +366,14 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
         _require(num_devices % known == 0 and (-1 in axes or known == num_devices), "mesh",
                  f"data*fsdp*tensor={known} does not match the {num_devices} available devices",
                  f"choose sizes whose product is {num_devices} (or use -1 on one axis)")
+
+
+def logprob_diff_warn_threshold(c: ml_collections.ConfigDict) -> float:
+    """The bound `trainer.logprob_diff_warn_threshold` stands for (-1: by model.compute_dtype)."""
+    t = float(c.trainer.logprob_diff_warn_threshold)
+    if t != -1:
+        return t
+    return 1e-3 if c.model.compute_dtype == "float32" else 1.0
 
 
 def rollout_max_seq_len(c: ml_collections.ConfigDict) -> int:

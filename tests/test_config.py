@@ -205,7 +205,7 @@ def test_dataset_prompts_follow_one_permutation_per_epoch(tmp_path):
     ("trainer.algorithm.temperature", 0.6, "differs from generator.sampling_params.temperature=1.0"),
     ("data.dataset_path", "/some/tasks.jsonl", "data.task='arithmetic' does not read it"),
     ("trainer.success_threshold", float("nan"), "not finite"),
-    ("trainer.logprob_diff_warn_threshold", -1.0, "must be >= 0"),
+    ("trainer.logprob_diff_warn_threshold", -0.5, "is not a bound"),
 ])
 def test_issue9_silent_mismatches_are_config_errors(key, value, match):
     """Regression (issue 9 §1, §7): a trainer temperature other than the sampling temperature
@@ -232,3 +232,48 @@ def test_zero_eval_prompts_means_no_eval_tasks():
     validate(c)
     assert trainer.PromptSource(c).eval_batch() == []
     assert len(trainer.PromptSource(_with(rloo.get_config(), "data.num_eval_prompts", 3)).eval_batch()) == 3
+
+
+@pytest.mark.parametrize("content,match", [
+    (b"\x89PNG\r\n\x1a\n\x00\xff\xfe binary", "is not text"),
+    (b'{"seed": 0, "trainer": ', "is not valid JSON"),
+    (b'[1, 2, 3]', "must be a JSON object, found a JSON list"),
+])
+def test_garbage_rl_config_json_is_one_line_naming_the_file(tmp_path, content, match):
+    """Regression (issue 9 §8): garbage in a run's rl_config.json gave a traceback that did not
+    name the file."""
+    wd = tmp_path / "run"
+    wd.mkdir()
+    (wd / "rl_config.json").write_bytes(content)
+    with pytest.raises(trainer.RunDirError, match=match) as e:
+        trainer.Trainer(rloo.get_config(), str(wd))
+    msg = str(e.value)
+    assert str(wd / "rl_config.json") in msg and "Fix:" in msg and "\n" not in msg
+    assert (wd / "rl_config.json").read_bytes() == content  # left as it was
+
+
+def test_garbage_rl_config_json_on_the_command_line(tmp_path):
+    import subprocess
+
+    wd = tmp_path / "run"
+    wd.mkdir()
+    (wd / "rl_config.json").write_bytes(b"\x00\x01garbage")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-m", "jaxrl.main", "--config=configs/rloo.py", f"--workdir={wd}"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1].startswith(f"error: {wd / 'rl_config.json'}: ")
+
+
+def test_sidecar_errors_shown_to_cli_users_name_no_python_api():
+    """Regression (issue 9 §8): the CLI error of a failed weight load told the user to call
+    `SidecarProcess.restart()`."""
+    from jaxrl.main import sidecar_error_text
+    from jaxrl.rollout.sidecar import SidecarError
+
+    e = SidecarError("http://127.0.0.1:9", "POST /v1/load_weights failed after 3 attempts (is the sidecar process "
+                     "alive? restart it with SidecarProcess.restart()): http://127.0.0.1:9: ConnectError: refused")
+    text = sidecar_error_text(e)
+    assert "SidecarProcess" not in text and "()" not in text
+    assert text == ("sidecar http://127.0.0.1:9: POST /v1/load_weights failed after 3 attempts: "
+                    "http://127.0.0.1:9: ConnectError: refused")

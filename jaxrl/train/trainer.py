@@ -163,7 +163,7 @@ def read_json_object(path: str, what: str, fix: str) -> dict:
     return obj
 
 
-def _one_line(e: BaseException, limit: int = 300) -> str:
+def _one_line(e: BaseException, limit: int = 160) -> str:
     """`Type: message` of an exception on one line (long library messages cut at `limit`)."""
     text = " ".join(f"{type(e).__name__}: {e}".split())
     return text if len(text) <= limit else text[:limit] + " ..."
@@ -709,7 +709,7 @@ class Trainer:
         total, count = sum(float(d[0]) for d in diffs), sum(float(d[1]) for d in diffs)
         m["rollout/logprob_diff_mean"] = total / max(count, 1.0)
         m["rollout/logprob_diff_max"] = max(float(d[2]) for d in diffs)
-        bound = c.trainer.logprob_diff_warn_threshold
+        bound = config_lib.logprob_diff_warn_threshold(c)
         if self.is_main and bound > 0 and m["rollout/logprob_diff_max"] > bound:
             print(f"jaxrl: warning: step {step}: trainer and rollout engine logprobs differ by up to "
                   f"{m['rollout/logprob_diff_max']:.3g} (mean {m['rollout/logprob_diff_mean']:.3g}) on the loss "

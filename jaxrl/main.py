@@ -8,7 +8,6 @@ line naming the problem and exit with status 2.
 from __future__ import annotations
 
 import os
-import re
 import sys
 
 from absl import app, flags
@@ -41,14 +40,6 @@ def _one_line(e: Exception) -> str:
     return msg
 
 
-def sidecar_error_text(e: Exception) -> str:
-    """A sidecar failure as a CLI user should read it: one line, no hints that name Python API
-    (the client library suggests `SidecarProcess.restart()` to Python callers; the trainer has
-    already restarted the sidecars it owns when it gets here)."""
-    text = " ".join(str(e).split())
-    return re.sub(r"\s*\([^()]*\b[A-Z]\w*\.\w+\(\)[^()]*\)", "", text)  # "(... SidecarProcess.restart())"
-
-
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -76,7 +67,7 @@ def main(argv):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except SidecarError as e:
-        print(f"error: rollout sidecar failed: {sidecar_error_text(e)}\n"
+        print(f"error: rollout sidecar failed: {trainer.sidecar_error_text(e)}\n"
               "Rerun the same command to resume from the last checkpoint.", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:

@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -161,6 +162,14 @@ def read_json_object(path: str, what: str, fix: str) -> dict:
     if not isinstance(obj, dict):
         raise RunDirError(f"{path}: the {what} must be a JSON object, found a JSON {type(obj).__name__}. Fix: {fix}")
     return obj
+
+
+def sidecar_error_text(e: Exception) -> str:
+    """A sidecar failure as a CLI user should read it: one line, without hints that name Python
+    API (the client library suggests `SidecarProcess.restart()` to Python callers; the trainer
+    has already restarted the sidecars it owns when the error reaches the user)."""
+    text = " ".join(str(e).split())
+    return re.sub(r"\s*\([^()]*\b[A-Z]\w*\.\w+\(\)[^()]*\)", "", text)  # "(... SidecarProcess.restart())"
 
 
 def _one_line(e: BaseException, limit: int = 160) -> str:

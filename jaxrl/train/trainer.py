@@ -837,7 +837,13 @@ class Trainer:
         state.events.extend(f"checkpoint {bad} was damaged ({error}); resumed from step {step}" for bad, error in damaged)
         on_disk = self.ckpt.all_steps()
         if state.best_ckpt_step not in on_disk:
-            emas = {s: self.ckpt.restore_trainer_state(s)["ema"]["value"] for s in on_disk if s <= step}
+            emas = {}  # the step just restored is always a candidate
+            for s in (s for s in on_disk if s <= step):
+                try:
+                    emas[s] = float(self.ckpt.restore_trainer_state(s)["ema"]["value"])
+                except Exception as e:  # noqa: BLE001 - a damaged older checkpoint is just not a candidate
+                    if not is_damage_error(e):
+                        raise
             best = max(emas, key=lambda s: (emas[s], -s))  # highest EMA; the earlier step on a tie
             print(f"jaxrl: warning: the best checkpoint {state.best_ckpt_step} is gone; the best is now step {best} "
                   f"(EMA {emas[best]:.4f}) among the steps on disk {on_disk}", file=sys.stderr)

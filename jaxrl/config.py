@@ -71,6 +71,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.generator.n_samples_per_prompt = 8
     c.generator.max_turns = 1
     c.generator.enable_thinking = False
+    # A turn cut by max_generate_length is never executed (its tool calls do not run); True runs it.
+    c.generator.execute_truncated_turns = False
     c.generator.sampling_params = ml_collections.ConfigDict()
     c.generator.sampling_params.max_generate_length = 16  # new tokens per turn
     c.generator.sampling_params.temperature = 1.0
@@ -294,6 +296,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
         _require(len(g.sidecar_urls) > 0, "generator.sidecar_urls", "backend=vllm needs the URLs of running sidecars",
                  "start them with launch/vllm_sidecar.sh and pass --config.generator.sidecar_urls")
     _require(g.max_turns >= 1, "generator.max_turns", "must be >= 1", "use 1 for single-turn tasks")
+    _require(isinstance(g.execute_truncated_turns, bool), "generator.execute_truncated_turns", "must be True or False",
+             "use False (a cut turn's tool calls never run) unless every tool is free of side effects")
     _require(g.num_sidecars >= 1, "generator.num_sidecars", "must be >= 1", "use 1 on a CPU")
     _require(sp.top_k == -1 or sp.top_k >= 0, "generator.sampling_params.top_k", f"{sp.top_k} is not a valid top-k",
              "use -1 (or 0) to disable top-k, or a positive k")

@@ -440,7 +440,8 @@ class Trainer:
         g = self.c.generator
         max_seq = config_lib.rollout_max_seq_len(self.c)
         return RolloutConfig(n_samples_per_prompt=n or g.n_samples_per_prompt, max_turns=g.max_turns,
-                             max_tokens_per_turn=g.sampling_params.max_generate_length, max_seq_len=max_seq)
+                             max_tokens_per_turn=g.sampling_params.max_generate_length, max_seq_len=max_seq,
+                             execute_truncated_turns=g.execute_truncated_turns)
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:

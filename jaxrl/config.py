@@ -289,7 +289,11 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
     # Generation.
     sp = g.sampling_params
     _require(sp.max_generate_length >= 1, "generator.sampling_params.max_generate_length", "must be >= 1", "use e.g. 1024")
-    _require(sp.temperature > 0, "generator.sampling_params.temperature", "must be > 0", "use 1.0")
+    from jaxrl.rollout.types import MIN_TEMPERATURE  # the engine's bound (float32 logits / temperature)
+    for key, temp in (("generator.sampling_params.temperature", sp.temperature),
+                      ("generator.eval_sampling_params.temperature", g.eval_sampling_params.temperature)):
+        _require(MIN_TEMPERATURE <= temp < math.inf, key, f"{temp} must be finite and >= {MIN_TEMPERATURE}",
+                 "use 1.0 (for argmax decoding set greedy instead)")
     _require(0 < sp.top_p <= 1, "generator.sampling_params.top_p", "must be in (0, 1]", "use 1.0")
     _require(g.backend in ("jax", "vllm"), "generator.backend", f"unknown backend {g.backend!r}", "use 'jax' or 'vllm'")
     if g.backend == "vllm" and check_inputs:

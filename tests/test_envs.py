@@ -162,30 +162,57 @@ def test_max_tokens_per_turn(chat, tok):
     assert t.response_ids.tolist() == expected_ids
 
 
-def test_max_seq_len_limits_generation_and_observations(chat):
+def _hand_trajectory(tok):
+    """The calculator trajectory for 347 * 86 written by hand as text, encoded with the HF tokenizer
+    (not ChatTemplate): prompt ids, the two turns' ids and the observation ids between them."""
+    from test_chat import TOOLS_SYSTEM
+
+    enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    prompt = enc("<|im_start|>system\n" + TOOLS_SYSTEM + "<|im_start|>user\nWhat is 347 * 86? Use the calculator "
+                 "tool, then answer with the result in <answer></answer> tags.<|im_end|>\n"
+                 "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    turn1 = enc(tool_call("347 * 86")) + [505]
+    obs = enc("\n<|im_start|>user\n<tool_response>\n29842\n</tool_response><|im_end|>\n"
+              "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    turn2 = enc("<answer>29842</answer>") + [505]
+    return prompt, turn1, obs, turn2
+
+
+def test_trajectory_ids_masks_and_logprobs_by_hand(chat, tok):
+    prompt, turn1, obs, turn2 = _hand_trajectory(tok)
+    (t,) = run_rollouts(ScriptedGenerator(chat, calculator_policy), chat, calc_tasks([(347, 86)]), SamplingParams(),
+                        RolloutConfig(max_turns=3, max_seq_len=4096))
+    assert t.prompt_ids.tolist() == prompt
+    assert t.response_ids.tolist() == turn1 + obs + turn2
+    assert t.loss_mask.tolist() == [1] * len(turn1) + [0] * len(obs) + [1] * len(turn2)
+    # The fake engine's logprob of its k-th generated token (1-based, over the run) is -0.01 k.
+    n1, n2 = len(turn1), len(turn2)
+    expected_lp = [-0.01 * k for k in range(1, n1 + 1)] + [0.0] * len(obs) + [-0.01 * k for k in range(n1 + 1, n1 + n2 + 1)]
+    np.testing.assert_array_equal(t.rollout_logprobs, np.asarray(expected_lp, np.float32))
+    assert (t.stop_reason, t.reward, t.num_turns) == ("stop", 1.0, 2)
+
+
+def test_max_seq_len_limits_generation_and_observations(chat, tok):
+    prompt, turn1, obs, turn2 = _hand_trajectory(tok)
     tasks = calc_tasks([(347, 86)])
-    (full,) = run_rollouts(ScriptedGenerator(chat, calculator_policy), chat, tasks, SamplingParams(),
-                           RolloutConfig(max_turns=2, max_seq_len=4096))
-    (s0, e0), (s1, e1) = masked_segments(full.loss_mask)
-    before_turn2 = len(full.prompt_ids) + s1  # tokens the engine sees at turn 2
+    before_turn2 = len(prompt) + len(turn1) + len(obs)  # tokens the engine sees at turn 2
 
     # Room for 3 tokens in turn 2: the request asks for 3 and the trajectory fills max_seq_len.
     gen = ScriptedGenerator(chat, calculator_policy)
     (t,) = run_rollouts(gen, chat, tasks, SamplingParams(), RolloutConfig(max_turns=2, max_seq_len=before_turn2 + 3))
-    P = len(full.prompt_ids)
-    assert [p.max_tokens for _, p in gen.batches] == [min(256, before_turn2 + 3 - P), 3]
+    assert [p.max_tokens for _, p in gen.batches] == [len(turn1) + len(obs) + 3, 3]  # what is left of max_seq_len
     assert t.stop_reason == "length" and t.info["truncated_by"] == "max_seq_len"
-    assert len(t.prompt_ids) + len(t.response_ids) == before_turn2 + 3
-    assert t.response_ids.tolist() == full.response_ids[:s1 + 3].tolist()
+    assert t.response_ids.tolist() == turn1 + obs + turn2[:3]
+    assert t.loss_mask.tolist() == [1] * len(turn1) + [0] * len(obs) + [1] * 3
 
     # The observation would leave no room for a generated token: stop before appending it.
     gen = ScriptedGenerator(chat, calculator_policy)
     (t,) = run_rollouts(gen, chat, tasks, SamplingParams(), RolloutConfig(max_turns=2, max_seq_len=before_turn2))
     assert t.stop_reason == "length" and t.info["truncated_by"] == "max_seq_len" and t.num_turns == 1
-    assert t.response_ids.tolist() == full.response_ids[:e0].tolist() and t.loss_mask.all()
+    assert t.response_ids.tolist() == turn1 and t.loss_mask.all()
 
     with pytest.raises(ValueError, match="max_seq_len"):
-        run_rollouts(gen, chat, tasks, SamplingParams(), RolloutConfig(max_seq_len=len(full.prompt_ids)))
+        run_rollouts(gen, chat, tasks, SamplingParams(), RolloutConfig(max_seq_len=len(prompt)))
 
 
 class _BrokenEnv:

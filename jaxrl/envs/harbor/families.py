@@ -9,8 +9,9 @@ oracle is also stored as a *transcript*, `solution/transcript.json`::
 i.e. the Terminus-style keystrokes that solve the task in the persistent shell (`solve.sh` is the
 same keystrokes as a script). An SFT script can turn transcripts into assistant turns.
 
-Families, by difficulty (1 = easiest); the first two have effectively unlimited seeded variants and
-are meant for training a tiny policy (train / held-out splits by seed):
+Families, by difficulty (1 = easiest). The first two are meant for training a tiny policy: seeds
+0..1999 of write-file (20 file names x 100 words) and 0..15999 of py-return (16 function names x 1000
+integers) are all distinct tasks, so disjoint seed ranges are disjoint train / held-out splits:
 
 ===================  ==  ==========================================================================
 family               lv  task
@@ -36,12 +37,14 @@ Every verifier writes 1 or 0 to /logs/verifier/reward.txt and pays 0 for an empt
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import math
 import os
 import random
 import textwrap
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
 SHIPPED_TASKS_DIR = Path(__file__).resolve().parents[2] / "assets" / "terminal_tasks"
 
@@ -59,7 +62,8 @@ WORDS = ("apple", "river", "stone", "cloud", "maple", "tiger", "ocean", "pearl",
          "viola", "wheat", "yodel", "zesty", "blaze", "coral", "dune", "frost", "gecko", "heron", "iris",
          "jade", "kite", "lotus", "mint", "nova", "onyx", "plum", "quail", "reef", "sage", "thorn", "violet",
          "willow", "yarrow", "birch", "comet", "drift", "fern", "glade", "harbor", "inlet", "juniper",
-         "kelp", "lark", "marsh", "nectar", "oasis", "pine", "ridge", "shore", "tide", "vale", "wren")
+         "kelp", "lark", "marsh", "nectar", "oasis", "pine", "ridge", "shore", "tide", "vale", "wren",
+         "aspen")
 FILE_NAMES = ("notes", "greeting", "answer", "data", "hello", "output", "result", "message", "token", "word",
               "label", "name", "value", "entry", "item", "record", "memo", "draft", "reply", "status")
 FUNC_NAMES = ("get_value", "answer", "magic_number", "compute", "lucky_number", "count", "total", "result",
@@ -135,13 +139,33 @@ def _rng(family: str, seed: int) -> random.Random:
     return random.Random(f"jaxrl-terminal-tasks:{family}:{seed}")
 
 
+def _distinct(family: str, seed: int, *choices: Sequence) -> tuple:
+    """The seed-th element of a fixed shuffle of the product of `choices`: seeds below the product's
+    size give distinct combinations (so disjoint seed ranges give disjoint train / held-out tasks)."""
+    sizes = [len(c) for c in choices]
+    total = math.prod(sizes)
+    perm = _permutation(family, total)
+    i = perm[seed % total]
+    out = []
+    for c, n in zip(reversed(choices), reversed(sizes)):
+        out.append(c[i % n])
+        i //= n
+    return tuple(reversed(out))
+
+
+@functools.lru_cache(maxsize=None)
+def _permutation(family: str, n: int) -> tuple:
+    order = list(range(n))
+    random.Random(f"jaxrl-terminal-tasks:{family}:permutation").shuffle(order)
+    return tuple(order)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Families
 
 
 def write_file(seed: int) -> TaskSpec:
-    r = _rng("write-file", seed)
-    name, word = r.choice(FILE_NAMES), r.choice(WORDS)
+    name, word = _distinct("write-file", seed, FILE_NAMES, WORDS)
     path = f"/app/{name}.txt"
     return TaskSpec(
         name=f"write-file-{seed:03d}", family="write-file", seed=seed, difficulty=1,
@@ -153,8 +177,7 @@ def write_file(seed: int) -> TaskSpec:
 
 
 def py_return(seed: int) -> TaskSpec:
-    r = _rng("py-return", seed)
-    fn, n = r.choice(FUNC_NAMES), r.randrange(0, 1000)
+    fn, n = _distinct("py-return", seed, FUNC_NAMES, range(1000))
     test = textwrap.dedent(f"""\
         from solution import {fn}
 

@@ -118,7 +118,7 @@ def run_trials(jobs: Iterable[tuple[HarborTask, Optional[Agent]]], *, config: Tr
     """
     jobs = list(jobs)
     config.validate()
-    n = concurrency or default_concurrency()
+    n = default_concurrency() if concurrency is None else concurrency
     if n < 1:
         raise ValueError(f"concurrency={concurrency}: must be >= 1")
     root = Path(trials_dir) if trials_dir is not None else Path(tempfile.mkdtemp(prefix="jaxrl-trials-"))

@@ -20,11 +20,17 @@ python prefixes     host (ro, same paths)        the `python` profile only
 /proc, /dev         new procfs, minimal /dev      always (/dev read-only, /dev/shm a small tmpfs)
 =================  ===========================  ================================================
 
-The root is a read-only tmpfs. bwrap flags: `--unshare-all --unshare-user` (user, mount, pid, ipc,
-uts, cgroup and network namespaces; the new network namespace has only its own loopback, so the
-host's loopback services such as the rollout sidecars are unreachable), `--disable-userns` (no
-nested user namespaces), `--die-with-parent`, `--new-session` (no TIOCSTI into a host terminal),
-`--cap-drop ALL`, `--uid/--gid 1000` inside. The network namespace is shared with the host only if
+The root is a read-only tmpfs; /proc is a new procfs mounted read-only (no sysctl writes). bwrap
+flags: `--unshare-all --unshare-user` (user, mount, pid, ipc, uts, cgroup and network namespaces;
+the new network namespace has only its own loopback, so the host's loopback services such as the
+rollout sidecars are unreachable), `--disable-userns` (no nested user namespaces),
+`--die-with-parent`, `--new-session` (no TIOCSTI into a host terminal), `--cap-drop ALL`,
+`--uid/--gid 1000` inside, and a seccomp filter (`seccomp_program`: ptrace, keyrings, bpf,
+perf_event_open, userfaultfd, io_uring, module/kexec/mount calls, unshare/setns,
+open_by_handle_at, TIOCSTI/TIOCLINUX ioctls fail with EPERM). When the host process runs as root,
+the sandbox uid maps to host uid 0 without any capability (bwrap can only map the caller's uid);
+every bind except the trial's own directories is read-only and /etc is a curated subset without
+secrets; `host_uid` runs the sandboxes as an unprivileged host uid instead. The network namespace is shared with the host only if
 the task allows internet *and* `SandboxConfig.network == "host"` (which exposes the host's loopback;
 off by default).
 
@@ -79,10 +85,10 @@ BWRAP = "bwrap"
 UNSAFE_HOST_BACKEND = "UNSAFE_host_no_isolation"
 SANDBOX_HOME = "/home/agent"
 _ETC_FILES = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf",
-              "os-release", "debian_version", "lsb-release", "issue", "timezone", "ssl", "ca-certificates",
-              "ca-certificates.conf", "mime.types", "inputrc", "terminfo", "bash.bashrc", "profile",
-              "profile.d", "magic", "magic.mime", "protocols", "services", "pki", "crypto-policies",
-              "environment", "login.defs", "python3", "shells", "gai.conf", "host.conf")
+              "os-release", "debian_version", "lsb-release", "issue", "timezone", "ssl/certs", "ssl/openssl.cnf",
+              "ca-certificates", "ca-certificates.conf", "mime.types", "inputrc", "terminfo", "bash.bashrc",
+              "profile", "profile.d", "magic", "magic.mime", "protocols", "services", "environment",
+              "login.defs", "python3", "shells", "gai.conf", "host.conf")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -512,6 +518,80 @@ def check_sandbox(config: SandboxConfig) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# seccomp: a small deny list on top of the namespaces (bwrap --seccomp)
+
+# name: (x86_64, aarch64) syscall numbers. None of these is needed by shell, Python or pytest work;
+# several are the usual first steps of a kernel or container escape.
+SECCOMP_DENY = {
+    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
+    "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218),
+    "bpf": (321, 280), "perf_event_open": (298, 241), "userfaultfd": (323, 282),
+    "kexec_load": (246, 104), "kexec_file_load": (320, 294), "init_module": (175, 105),
+    "finit_module": (313, 273), "delete_module": (176, 106), "mount": (165, 40), "umount2": (166, 39),
+    "pivot_root": (155, 41), "open_tree": (428, 428), "move_mount": (429, 429), "fsopen": (430, 430),
+    "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433), "unshare": (272, 97),
+    "setns": (308, 268), "open_by_handle_at": (304, 265), "name_to_handle_at": (303, 264),
+    "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
+    "acct": (163, 89), "swapon": (167, 224), "swapoff": (168, 225), "reboot": (169, 142),
+}
+SECCOMP_DENY_IOCTLS = {"TIOCSTI": 0x5412, "TIOCLINUX": 0x541C}
+_ARCH = {"x86_64": (0xC000003E, 0, 16), "aarch64": (0xC00000B7, 1, 29)}  # audit arch, column, ioctl nr
+
+
+def seccomp_program(machine: Optional[str] = None) -> Optional[bytes]:
+    """The classic-BPF seccomp filter bwrap installs (`--seccomp FD`): the syscalls in `SECCOMP_DENY`
+    and the ioctls `TIOCSTI` / `TIOCLINUX` (terminal input injection) fail with EPERM; syscalls of
+    another architecture (and x32 on x86_64) fail with ENOSYS; everything else is allowed.
+    None on architectures other than x86_64 and aarch64."""
+    import struct
+
+    machine = machine or platform.machine()
+    if machine not in _ARCH:
+        return None
+    audit_arch, col, ioctl_nr = _ARCH[machine]
+    LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06
+    ALLOW, EPERM, ENOSYS = 0x7FFF0000, 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
+    nrs = sorted({v[col] for v in SECCOMP_DENY.values()})
+    prog: list = [(LD, 0, 0, 4), (JEQ, 1, 0, audit_arch), (RET, 0, 0, ENOSYS), (LD, 0, 0, 0)]
+    checks = []  # (opcode, k) instructions that jump to DENY when true
+    if machine == "x86_64":
+        checks.append((JGE, 0x40000000))
+    checks += [(JEQ, nr) for nr in nrs]
+    n_checks = len(checks)
+    # layout after the checks: [jeq ioctl -> (next) else ALLOW], ld arg1, jeq TIOCSTI, jeq TIOCLINUX, ALLOW, DENY
+    tail = 1 + 1 + len(SECCOMP_DENY_IOCTLS) + 1  # ioctl jeq, ld, ioctl checks, ALLOW
+    for i, (op, k) in enumerate(checks):
+        prog.append((op, n_checks - i - 1 + tail, 0, k))
+    prog.append((JEQ, 0, 1 + len(SECCOMP_DENY_IOCTLS), ioctl_nr))
+    prog.append((LD, 0, 0, 24))  # seccomp_data.args[1], low 32 bits (little endian)
+    for i, k in enumerate(SECCOMP_DENY_IOCTLS.values()):
+        prog.append((JEQ, len(SECCOMP_DENY_IOCTLS) - i, 0, k))
+    prog.append((RET, 0, 0, ALLOW))
+    prog.append((RET, 0, 0, EPERM))
+    assert all(jt < 256 and jf < 256 for _, jt, jf, _ in prog)
+    return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+
+
+_SECCOMP_FILE: list = []
+
+
+def _seccomp_file() -> Optional[str]:
+    with _PROFILE_LOCK:
+        if not _SECCOMP_FILE:
+            prog = seccomp_program()
+            if prog is None:
+                log.warning("no seccomp filter for %s: sandboxes rely on namespaces only", platform.machine())
+                _SECCOMP_FILE.append(None)
+            else:
+                fd, path = tempfile.mkstemp(prefix="jaxrl-seccomp-", suffix=".bpf")
+                with os.fdopen(fd, "wb") as f:
+                    f.write(prog)
+                os.chmod(path, 0o644)
+                _SECCOMP_FILE.append(path)
+        return _SECCOMP_FILE[0]
+
+
+# ---------------------------------------------------------------------------------------------
 # Profile directory (/opt/jaxrl): wrappers on PATH, rc file, synthetic /etc files
 
 
@@ -566,6 +646,12 @@ def _cleanup_at_exit():
         cg.remove()
     for d in _PROFILE_DIRS.values():
         shutil.rmtree(d, ignore_errors=True)
+    for f in _SECCOMP_FILE:
+        if f:
+            try:
+                os.remove(f)
+            except OSError:
+                pass
 
 
 # ---------------------------------------------------------------------------------------------
@@ -809,13 +895,13 @@ class Sandbox:
     def _limit_prologue(self) -> str:
         lim = self.limits
         cmds = ["ulimit -c 0", f"ulimit -n {lim.open_files}", f"ulimit -f {lim.file_size_mb * 1024}",
-                f"ulimit -t {lim.cpu_time_sec}"]
+                f"ulimit -S -t {lim.cpu_time_sec}", f"ulimit -H -t {lim.cpu_time_sec + 5}"]  # SIGXCPU, then SIGKILL
         if self.limits_backend == "rlimit":
             cmds += [f"ulimit -u {lim.processes}", f"ulimit -v {lim.memory_mb * 1024}"]
         return " && ".join(cmds) + " || { echo 'jaxrl sandbox: cannot set resource limits' >&2; exit 125; }\n"
 
     def bwrap_argv(self, command: Sequence[str], *, phase_binds: Sequence[tuple[str, str, bool]] = (),
-                   env: Optional[dict] = None, cwd: Optional[str] = None) -> list[str]:
+                   env: Optional[dict] = None, cwd: Optional[str] = None, seccomp_fd: Optional[int] = None) -> list[str]:
         """The full argv (bwrap and its arguments) that runs `command` in this trial's sandbox.
 
         Args:
@@ -823,6 +909,7 @@ class Sandbox:
           phase_binds: extra `(host path, sandbox path, writable)` binds (/tests, /solution, /logs/verifier).
           env: the complete environment inside the sandbox.
           cwd: working directory inside (default: the environment's workdir).
+          seccomp_fd: an open file descriptor of `seccomp_program()` to install.
         """
         c = self.config
         u = str(c.sandbox_uid)
@@ -831,6 +918,8 @@ class Sandbox:
                 "--hostname", "sandbox"]
         if self.allow_internet and c.network == "host":
             argv.append("--share-net")
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
         argv += ["--ro-bind", "/usr", "/usr", *_root_links()]
         for name in _ETC_FILES:
             argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
@@ -841,7 +930,7 @@ class Sandbox:
         if self.python:
             for b in self.python.bind_paths:
                 argv += ["--ro-bind", b, b]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(c.shm_mb << 20), "--perms", "1777",
+        argv += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--size", str(c.shm_mb << 20), "--perms", "1777",
                  "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
         argv += ["--bind", str(self.dirs["app"]), "/app", "--bind", str(self.dirs["tmp"]), "/tmp",
                  "--bind", str(self.dirs["home"]), SANDBOX_HOME,
@@ -876,19 +965,27 @@ class Sandbox:
         if self._unsafe:
             return self._popen_unsafe(command, phase_binds=phase_binds, env=env, cwd=cwd, stdin=stdin,
                                       stdout=stdout, stderr=stderr)
-        argv = self._launch_argv(self.bwrap_argv(command, phase_binds=phase_binds, env=env, cwd=cwd))
-        kw = {}
-        if self.config.host_uid is not None:
-            kw = {"user": self.config.host_uid, "group": self.config.host_uid, "extra_groups": []}
-        with self._lock:
-            if self._closed:
-                raise SandboxError(f"trial sandbox {self.root} is closed")
-            try:
-                p = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, start_new_session=True,
-                                     close_fds=True, env={"PATH": "/usr/bin:/bin"}, **kw)
-            except OSError as e:
-                raise SandboxError(f"cannot start the sandbox: {e}") from None
-            self._procs.add(p)
+        sfile = _seccomp_file()
+        sfd = os.open(sfile, os.O_RDONLY) if sfile else None
+        try:
+            argv = self._launch_argv(self.bwrap_argv(command, phase_binds=phase_binds, env=env, cwd=cwd,
+                                                     seccomp_fd=sfd))
+            kw = {}
+            if self.config.host_uid is not None:
+                kw = {"user": self.config.host_uid, "group": self.config.host_uid, "extra_groups": []}
+            with self._lock:
+                if self._closed:
+                    raise SandboxError(f"trial sandbox {self.root} is closed")
+                try:
+                    p = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, start_new_session=True,
+                                         close_fds=True, pass_fds=() if sfd is None else (sfd,),
+                                         env={"PATH": "/usr/bin:/bin"}, **kw)
+                except OSError as e:
+                    raise SandboxError(f"cannot start the sandbox: {e}") from None
+                self._procs.add(p)
+        finally:
+            if sfd is not None:
+                os.close(sfd)
         return p
 
     def _forget(self, p: subprocess.Popen) -> None:
@@ -1044,7 +1141,7 @@ class Sandbox:
 # The unsafe host backend maps the sandbox paths with symlinks at the filesystem root; one trial at a
 # time (a process-wide lock held from the first command to close()).
 _UNSAFE_LOCK = threading.Lock()
-_UNSAFE_OWNER: list = [None]
+_UNSAFE_OWNER: list = [None, None]
 _UNSAFE_LINKS = ("/app", "/tests", "/solution", "/logs", SANDBOX_HOME)
 
 
@@ -1058,14 +1155,26 @@ def _unsafe_link(target: str, link: str) -> None:
     os.symlink(target, link)
 
 
+_UNSAFE_LOCKFILE = "/tmp/jaxrl-unsafe-host.lock"
+
+
 def _unsafe_claim(sb: "Sandbox", phase_binds) -> None:
     if _UNSAFE_OWNER[0] is not sb:
+        import fcntl
+
         _UNSAFE_LOCK.acquire()
-        _UNSAFE_OWNER[0] = sb
+        fd = os.open(_UNSAFE_LOCKFILE, os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # one unsafe trial per machine, across processes
+        _UNSAFE_OWNER[:] = [sb, fd]
         log.warning("%s: running trial %s WITHOUT ANY ISOLATION on this host", UNSAFE_HOST_BACKEND, sb.root.name)
-        _unsafe_link(str(sb.dirs["app"]), "/app")
-        _unsafe_link(str(sb.root / "logs"), "/logs")
-        _unsafe_link(str(sb.dirs["home"]), SANDBOX_HOME)
+        try:
+            _unsafe_link(str(sb.dirs["app"]), "/app")
+            _unsafe_link(str(sb.root / "logs"), "/logs")
+            _unsafe_link(str(sb.dirs["home"]), SANDBOX_HOME)
+        except OSError as e:
+            _unsafe_release(sb)
+            raise SandboxError(f"{UNSAFE_HOST_BACKEND}: cannot create the /app, /logs, {SANDBOX_HOME} links "
+                               f"({e}); it needs root on a disposable machine") from None
     for link in ("/tests", "/solution"):
         if os.path.islink(link):
             os.unlink(link)
@@ -1079,7 +1188,9 @@ def _unsafe_release(sb: "Sandbox") -> None:
         for link in _UNSAFE_LINKS:
             if os.path.islink(link):
                 os.unlink(link)
-        _UNSAFE_OWNER[0] = None
+        fd = _UNSAFE_OWNER[1]
+        _UNSAFE_OWNER[:] = [None, None]
+        os.close(fd)  # releases the flock
         _UNSAFE_LOCK.release()
 
 

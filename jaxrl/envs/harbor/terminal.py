@@ -18,8 +18,9 @@ framing comes from a pty-backed bash (no tmux server, nothing to connect to from
 * `screen()` is the last `rows` lines of the processed transcript (Terminus's "Current Terminal
   Screen" for the initial observation).
 
-The shell is `bash --noediting -i` (no readline: the tty echoes input as typed; Ctrl-C reaches the
-foreground job through the pty) with `TERM=dumb`, `PS1='agent@sandbox:\\w$ '`, a 160x40 window. Full
+The shell is `bash --noediting -i` (no readline: the tty echoes keystrokes as soon as they are
+written, so a multi-line paste shows all its lines first and then bash's `> ` continuation prompts,
+where tmux + readline would interleave them; Ctrl-C reaches the foreground job through the pty) with `TERM=dumb`, `PS1='agent@sandbox:\\w$ '`, a 160x40 window. Full
 screen programs (vim, less, top) are not rendered as tmux would; their escape sequences are stripped.
 """
 from __future__ import annotations

@@ -382,7 +382,7 @@ class Trial:
                 log.info("trial %s: agent timeout after %.1f s", self.name, self._agent_end - self._t_start)
             term = self._terminal
         if term is not None:
-            self._count_terminal_limits()
+            self._count_cgroup_limits()
             term.close()
         self.sandbox.kill_all("agent_timeout" if timed_out else "agent_done")
         with self._lock:
@@ -427,10 +427,9 @@ class Trial:
             self._end_agent_phase(timed_out=True)
             raise AgentTimeoutError(f"trial {self.name}: the agent budget of {self.agent_timeout_sec:.0f} s ran out "
                                     f"during `{command[:80]}`")
-        if res.limit in LIMIT_KINDS and res.limit != "disk":  # disk is counted by the monitor
+        if res.limit in ("timeout", "file_size", "cpu_time"):  # disk: the monitor; memory, pids: the cgroup
             self._hit(res.limit)
-        if self.sandbox.cgroup is not None:
-            self._counters = self.sandbox.counters()
+        self._count_cgroup_limits()
         return res
 
     @property
@@ -456,29 +455,33 @@ class Trial:
 
         Raises:
           AgentTimeoutError: the agent budget is spent.
-          SandboxError: the shell died or the trial is not in its agent phase.
+          SandboxError: the shell has exited (e.g. the agent typed `exit`; `trial.terminal.is_alive()`
+            tells beforehand), or the trial is not in its agent phase.
         """
         term = self.terminal
+        if not term.is_alive():
+            raise SandboxError(f"trial {self.name}: the shell exited")
         with self._lock:
             self._n_commands += 1
         waited = term.send_keys(keystrokes, duration, max_duration=self.config.command_timeout_sec,
                                 deadline=self._deadline)
-        self._count_terminal_limits()
+        self._count_cgroup_limits()
         if time.monotonic() >= self._deadline:
             self._end_agent_phase(timed_out=True)
             raise AgentTimeoutError(f"trial {self.name}: the agent budget of {self.agent_timeout_sec:.0f} s is spent")
-        if not term.is_alive():
-            raise SandboxError(f"trial {self.name}: the shell exited")
         return waited
 
-    def _count_terminal_limits(self) -> None:
+    def _count_cgroup_limits(self) -> None:
+        """Counts one `memory` / `pids` event per agent call during which the cgroup's OOM-kill /
+        refused-fork counter grew."""
         if self.sandbox.cgroup is None:
             return
-        now = self.sandbox.counters()
-        for k in ("memory", "pids"):
-            if now[k] > self._counters[k]:
-                self._hit(k)
-        self._counters = now
+        with self._lock:
+            now = self.sandbox.counters()
+            for k in ("memory", "pids"):
+                if now[k] > self._counters[k]:
+                    self._limits_hit[k] = self._limits_hit.get(k, 0) + 1
+            self._counters = now
 
     def run_oracle(self) -> ExecResult:
         """The oracle agent: runs `bash /solution/solve.sh` (with `[solution] env`, /solution bound
@@ -557,8 +560,9 @@ class Trial:
             self._hit("timeout")
             return VerifierResult(0.0, Outcome.VERIFIER_TIMEOUT,
                                   {**details, "reason": f"test.sh ran longer than {self.verifier_timeout_sec:.0f} s"})
-        if res.limit in LIMIT_KINDS and res.limit != "disk":
+        if res.limit in ("timeout", "file_size", "cpu_time"):
             self._hit(res.limit)
+        self._count_cgroup_limits()
         value, outcome, d = parse_reward(vdir)
         details.update(d)
         return VerifierResult(value if value is not None else 0.0, outcome, details)

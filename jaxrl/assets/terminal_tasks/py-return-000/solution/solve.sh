@@ -1,3 +1,3 @@
 #!/bin/bash
 # Oracle: the keystrokes of solution/transcript.json as a script.
-printf 'def base_value():\n    return 777\n' > /app/solution.py
+printf 'def score():\n    return 631\n' > /app/solution.py

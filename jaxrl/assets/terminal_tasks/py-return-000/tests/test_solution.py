@@ -1,6 +1,6 @@
-from solution import base_value
+from solution import score
 
 
 def test_returns_the_integer():
-    assert base_value() == 777
-    assert type(base_value()) is int
+    assert score() == 631
+    assert type(score()) is int

@@ -2,5 +2,5 @@ from solution import offset
 
 
 def test_returns_the_integer():
-    assert offset() == 914
+    assert offset() == 707
     assert type(offset()) is int

@@ -1,3 +1,3 @@
 #!/bin/bash
 # Oracle: the keystrokes of solution/transcript.json as a script.
-printf 'def limit():\n    return 848\n' > /app/solution.py
+printf 'def base_value():\n    return 108\n' > /app/solution.py

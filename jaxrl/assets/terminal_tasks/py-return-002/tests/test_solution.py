@@ -1,6 +1,6 @@
-from solution import limit
+from solution import base_value
 
 
 def test_returns_the_integer():
-    assert limit() == 848
-    assert type(limit()) is int
+    assert base_value() == 108
+    assert type(base_value()) is int

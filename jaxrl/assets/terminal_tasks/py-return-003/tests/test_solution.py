@@ -1,6 +1,6 @@
-from solution import base_value
+from solution import answer
 
 
 def test_returns_the_integer():
-    assert base_value() == 649
-    assert type(base_value()) is int
+    assert answer() == 253
+    assert type(answer()) is int

@@ -1,3 +1,3 @@
 #!/bin/bash
 # Oracle: the keystrokes of solution/transcript.json as a script.
-printf 'def magic_number():\n    return 762\n' > /app/solution.py
+printf 'def offset():\n    return 597\n' > /app/solution.py

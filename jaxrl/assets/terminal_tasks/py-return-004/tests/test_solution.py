@@ -1,6 +1,6 @@
-from solution import magic_number
+from solution import offset
 
 
 def test_returns_the_integer():
-    assert magic_number() == 762
-    assert type(magic_number()) is int
+    assert offset() == 597
+    assert type(offset()) is int

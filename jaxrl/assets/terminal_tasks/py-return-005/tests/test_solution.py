@@ -1,6 +1,6 @@
-from solution import compute
+from solution import total
 
 
 def test_returns_the_integer():
-    assert compute() == 443
-    assert type(compute()) is int
+    assert total() == 913
+    assert type(total()) is int

@@ -1,3 +1,3 @@
 #!/bin/bash
 # Oracle: the keystrokes of solution/transcript.json as a script.
-printf 'def total():\n    return 672\n' > /app/solution.py
+printf 'def limit():\n    return 684\n' > /app/solution.py

@@ -1,6 +1,6 @@
-from solution import total
+from solution import limit
 
 
 def test_returns_the_integer():
-    assert total() == 672
-    assert type(total()) is int
+    assert limit() == 684
+    assert type(limit()) is int

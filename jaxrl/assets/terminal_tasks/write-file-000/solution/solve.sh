@@ -1,3 +1,3 @@
 #!/bin/bash
 # Oracle: the keystrokes of solution/transcript.json as a script.
-echo yodel > /app/answer.txt
+echo wren > /app/message.txt

@@ -1,7 +1,7 @@
 #!/bin/bash
-# Verifier: reward 1 only if /app/answer.txt contains exactly the word yodel.
+# Verifier: reward 1 only if /app/message.txt contains exactly the word wren.
 mkdir -p /logs/verifier
-if [ -f /app/answer.txt ] && [ "$(cat /app/answer.txt)" = "yodel" ]; then
+if [ -f /app/message.txt ] && [ "$(cat /app/message.txt)" = "wren" ]; then
   echo 1 > /logs/verifier/reward.txt
 else
   echo 0 > /logs/verifier/reward.txt

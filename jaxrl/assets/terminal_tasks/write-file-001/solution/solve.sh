@@ -1,3 +1,3 @@
 #!/bin/bash
 # Oracle: the keystrokes of solution/transcript.json as a script.
-echo delta > /app/notes.txt
+echo jelly > /app/data.txt

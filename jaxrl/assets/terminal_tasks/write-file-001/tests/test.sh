@@ -1,7 +1,7 @@
 #!/bin/bash
-# Verifier: reward 1 only if /app/notes.txt contains exactly the word delta.
+# Verifier: reward 1 only if /app/data.txt contains exactly the word jelly.
 mkdir -p /logs/verifier
-if [ -f /app/notes.txt ] && [ "$(cat /app/notes.txt)" = "delta" ]; then
+if [ -f /app/data.txt ] && [ "$(cat /app/data.txt)" = "jelly" ]; then
   echo 1 > /logs/verifier/reward.txt
 else
   echo 0 > /logs/verifier/reward.txt

@@ -1,3 +1,3 @@
 #!/bin/bash
 # Oracle: the keystrokes of solution/transcript.json as a script.
-echo flint > /app/output.txt
+echo toast > /app/token.txt

@@ -1,7 +1,7 @@
 #!/bin/bash
-# Verifier: reward 1 only if /app/output.txt contains exactly the word flint.
+# Verifier: reward 1 only if /app/token.txt contains exactly the word toast.
 mkdir -p /logs/verifier
-if [ -f /app/output.txt ] && [ "$(cat /app/output.txt)" = "flint" ]; then
+if [ -f /app/token.txt ] && [ "$(cat /app/token.txt)" = "toast" ]; then
   echo 1 > /logs/verifier/reward.txt
 else
   echo 0 > /logs/verifier/reward.txt

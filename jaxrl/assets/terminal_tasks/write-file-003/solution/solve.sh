@@ -1,3 +1,3 @@
 #!/bin/bash
 # Oracle: the keystrokes of solution/transcript.json as a script.
-echo moose > /app/message.txt
+echo pine > /app/item.txt

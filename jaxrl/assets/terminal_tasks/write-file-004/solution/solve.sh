@@ -1,3 +1,3 @@
 #!/bin/bash
 # Oracle: the keystrokes of solution/transcript.json as a script.
-echo kayak > /app/value.txt
+echo blaze > /app/data.txt

@@ -1,3 +1,3 @@
 #!/bin/bash
 # Oracle: the keystrokes of solution/transcript.json as a script.
-echo gecko > /app/value.txt
+echo harbor > /app/item.txt

@@ -1,7 +1,7 @@
 #!/bin/bash
-# Verifier: reward 1 only if /app/value.txt contains exactly the word gecko.
+# Verifier: reward 1 only if /app/item.txt contains exactly the word harbor.
 mkdir -p /logs/verifier
-if [ -f /app/value.txt ] && [ "$(cat /app/value.txt)" = "gecko" ]; then
+if [ -f /app/item.txt ] && [ "$(cat /app/item.txt)" = "harbor" ]; then
   echo 1 > /logs/verifier/reward.txt
 else
   echo 0 > /logs/verifier/reward.txt

@@ -1,3 +1,3 @@
 #!/bin/bash
 # Oracle: the keystrokes of solution/transcript.json as a script.
-echo flint > /app/message.txt
+echo lilac > /app/record.txt

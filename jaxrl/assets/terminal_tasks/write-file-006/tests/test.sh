@@ -1,7 +1,7 @@
 #!/bin/bash
-# Verifier: reward 1 only if /app/message.txt contains exactly the word flint.
+# Verifier: reward 1 only if /app/record.txt contains exactly the word lilac.
 mkdir -p /logs/verifier
-if [ -f /app/message.txt ] && [ "$(cat /app/message.txt)" = "flint" ]; then
+if [ -f /app/record.txt ] && [ "$(cat /app/record.txt)" = "lilac" ]; then
   echo 1 > /logs/verifier/reward.txt
 else
   echo 0 > /logs/verifier/reward.txt

@@ -1,3 +1,3 @@
 #!/bin/bash
 # Oracle: the keystrokes of solution/transcript.json as a script.
-echo zesty > /app/message.txt
+echo glade > /app/reply.txt

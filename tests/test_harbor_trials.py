@@ -297,7 +297,7 @@ def test_cli(tmp_path):
     assert p.returncode == 0 and "1/1 tasks pass" in p.stdout and "write-file-000" in p.stdout, p.stdout + p.stderr
     p = run("list", str(s))
     assert p.returncode == 0 and "test/inverted" in p.stdout and "shell" in p.stdout
-    p = run("run-oracle", str(s), "--task", "write-file-000")
+    p = run("run-oracle", str(s), "--task", "write-file-000", "--trials-dir", str(tmp_path / "runs"))
     assert p.returncode == 0 and '"reward": 1.0' in p.stdout and '"outcome": "ok"' in p.stdout
     p = run("check", str(tmp_path / "nope"))
     assert p.returncode == 2 and p.stderr.strip().startswith("error:") and len(p.stderr.strip().splitlines()) == 1

@@ -113,7 +113,8 @@ def run_trials(jobs: Iterable[tuple[HarborTask, Optional[Agent]]], *, config: Tr
       jobs: the trials to run (agent None = the empty agent).
       config: the trial configuration.
       concurrency: trials in flight.
-      trials_dir: where trial directories go (default: a new temporary directory).
+      trials_dir: where trial directories go (default: a temporary directory removed at the end; the
+        results are returned in memory).
       on_result: called (from a worker thread) as each trial finishes.
     """
     jobs = list(jobs)
@@ -128,13 +129,19 @@ def run_trials(jobs: Iterable[tuple[HarborTask, Optional[Agent]]], *, config: Tr
 
     def one(job):
         task, agent = job
-        r = run_trial(task, agent, config=config, trial_dir=None if root is None else root / _unique(task))
+        r = run_trial(task, agent, config=config, trial_dir=root / _unique(task))
         if on_result is not None:
             on_result(r)
         return r
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=n, thread_name_prefix="jaxrl-trials") as ex:
-        return list(ex.map(one, jobs))
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=n, thread_name_prefix="jaxrl-trials") as ex:
+            return list(ex.map(one, jobs))
+    finally:
+        if trials_dir is None:
+            from jaxrl.envs.harbor.sandbox import remove_tree
+
+            remove_tree(root)
 
 
 _COUNTER = iter(range(1 << 62))

@@ -14,7 +14,8 @@ sandbox path        host directory               when
 /tests              trial/tests (ro)             verification only (a copy of the task's tests/)
 /solution           task/solution (ro)           the oracle agent only
 /usr, /bin, ...     host (ro)                    always (merged-/usr symlinks as on the host)
-/etc                a curated read-only subset   always (synthetic passwd, group, hosts, hostname)
+/etc                a curated copy (ro)          always (world-readable files only; synthetic
+                                                 passwd, group, hosts, hostname)
 /opt/jaxrl          the profile's bin/ + bashrc  always (python/pytest/pip wrappers, ro)
 python prefixes     host (ro, same paths)        the `python` profile only
 /proc, /dev         new procfs, minimal /dev      always (/dev read-only, /dev/shm a small tmpfs)
@@ -628,6 +629,7 @@ def _profile_dir(python: Optional[PythonRuntime], sandbox_uid: int) -> str:
             "bashrc": ("PS1='\\[" + PROMPT_MARK.replace("\x1b", "\\e").replace("\x07", "\\a") + "\\]agent@sandbox:\\w$ '\n"
                        "PS2='> '\nunset PROMPT_COMMAND HISTFILE\nexport HISTFILE=\n"),
         }
+        _copy_etc(os.path.join(d, "etc"))
         for rel, text in files.items():
             p = os.path.join(d, rel)
             with open(p, "w") as f:
@@ -635,6 +637,46 @@ def _profile_dir(python: Optional[PythonRuntime], sandbox_uid: int) -> str:
             os.chmod(p, 0o644)
         _PROFILE_DIRS[key] = d
         return d
+
+
+def _copy_etc(dst: str) -> None:
+    """Copies the curated `_ETC_FILES` of the host's /etc into `dst` (bound as the sandbox's /etc in one
+    mount): symlinks as symlinks, and only files every user may read (no secrets)."""
+    def readable(st):
+        return st.st_mode & stat.S_IROTH
+
+    for name in _ETC_FILES:
+        src = os.path.join("/etc", name)
+        if not os.path.lexists(src):
+            continue
+        target = os.path.join(dst, name)
+        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+        try:
+            if os.path.islink(src):
+                os.symlink(os.readlink(src), target)
+            elif os.path.isdir(src):
+                for dirpath, dirnames, filenames in os.walk(src):
+                    rel = os.path.relpath(dirpath, src)
+                    out = os.path.normpath(os.path.join(target, rel))
+                    st = os.stat(dirpath)
+                    if not (readable(st) and st.st_mode & stat.S_IXOTH):
+                        dirnames[:] = []
+                        continue
+                    os.makedirs(out, mode=0o755, exist_ok=True)
+                    for n in dirnames + filenames:
+                        sp, tp = os.path.join(dirpath, n), os.path.join(out, n)
+                        if os.path.islink(sp):
+                            os.symlink(os.readlink(sp), tp)
+                            if n in dirnames:
+                                dirnames.remove(n)
+                        elif os.path.isfile(sp) and readable(os.stat(sp)):
+                            shutil.copyfile(sp, tp)
+                            os.chmod(tp, 0o644)
+            elif os.path.isfile(src) and readable(os.stat(src)):
+                shutil.copyfile(src, target)
+                os.chmod(target, 0o644)
+        except OSError as e:
+            log.debug("not copying %s into the sandbox /etc: %s", src, e)
 
 
 _LIVE_CGROUPS: set = set()
@@ -722,26 +764,29 @@ def disk_usage(paths: Sequence[str | os.PathLike], stop_at_files: int = 10 ** 9)
 
 
 def remove_tree(path: str | os.PathLike) -> None:
-    """Removes a directory the sandbox wrote into: symlinks are not followed; directories the sandbox
-    made unwritable (chmod 000) are made writable first."""
+    """Removes a directory the sandbox wrote into: symlinks are not followed (shutil.rmtree's fd-based
+    walk); directories the sandbox made inaccessible (chmod 000) are made accessible (by their owner,
+    never through a link) and the removal retried, one more level per pass.
+
+    Raises:
+      OSError: the tree could not be removed after those retries.
+    """
     path = os.fspath(path)
-    if not os.path.lexists(path):
-        return
 
     def onerror(func, p, exc_info):
-        parent = os.path.dirname(p)
-        try:
-            if not os.path.islink(parent):
-                os.chmod(parent, 0o700)
-            if os.path.isdir(p) and not os.path.islink(p):
-                os.chmod(p, 0o700)
-            func(p)
-        except OSError:
-            pass
+        for q in (os.path.dirname(p), p):
+            try:
+                st = os.lstat(q)
+                if stat.S_ISDIR(st.st_mode):
+                    os.chmod(q, 0o700)
+            except OSError:
+                pass
 
-    shutil.rmtree(path, onerror=onerror)
-    if os.path.lexists(path):
+    for _ in range(64):
+        if not os.path.lexists(path):
+            return
         shutil.rmtree(path, onerror=onerror)
+    shutil.rmtree(path)  # raises with the reason
 
 
 class CappedBuffer:
@@ -921,12 +966,8 @@ class Sandbox:
         if seccomp_fd is not None:
             argv += ["--seccomp", str(seccomp_fd)]
         argv += ["--ro-bind", "/usr", "/usr", *_root_links()]
-        for name in _ETC_FILES:
-            argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         prof = _profile_dir(self.python, c.sandbox_uid)
-        for name in ("passwd", "group", "hostname", "hosts"):
-            argv += ["--ro-bind", os.path.join(prof, "etc", name), f"/etc/{name}"]
-        argv += ["--ro-bind", prof, "/opt/jaxrl"]
+        argv += ["--ro-bind", os.path.join(prof, "etc"), "/etc", "--ro-bind", prof, "/opt/jaxrl"]
         if self.python:
             for b in self.python.bind_paths:
                 argv += ["--ro-bind", b, b]
@@ -1054,33 +1095,32 @@ class Sandbox:
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
+        done = threading.Event()
+
+        def waiter():  # a blocking waitpid: Popen.wait(timeout) would poll with growing sleeps
+            p.wait()
+            done.set()
+
+        threading.Thread(target=waiter, daemon=True).start()
         timed_out, limit = False, None
         deadline = None if timeout is None else t0 + timeout
-        next_disk = t0 + self.config.disk_check_interval_sec
+        interval = self.config.disk_check_interval_sec if watch_disk else 3600.0
         try:
             while True:
-                now = time.monotonic()
-                wait = self.config.disk_check_interval_sec
-                if deadline is not None:
-                    wait = min(wait, max(0.0, deadline - now))
-                try:
-                    p.wait(timeout=wait)
+                wait = interval if deadline is None else min(interval, max(0.0, deadline - time.monotonic()))
+                if done.wait(wait):
                     break
-                except subprocess.TimeoutExpired:
-                    pass
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
+                if deadline is not None and time.monotonic() >= deadline:
                     timed_out, limit = True, "timeout"
                     self.kill(p)
-                    p.wait()
+                    done.wait()
                     break
-                if watch_disk and now >= next_disk:
-                    next_disk = now + self.config.disk_check_interval_sec
+                if watch_disk:
                     why = self.over_disk()
                     if why:
                         log.info("trial %s: %s; killing it", self.root.name, why)
                         self.kill_all("disk")
-                        p.wait()
+                        done.wait()
                         break
         finally:
             if p.poll() is None:
@@ -1163,7 +1203,12 @@ def _unsafe_claim(sb: "Sandbox", phase_binds) -> None:
         import fcntl
 
         _UNSAFE_LOCK.acquire()
-        fd = os.open(_UNSAFE_LOCKFILE, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fd = os.open(_UNSAFE_LOCKFILE, os.O_CREAT | os.O_RDWR, 0o666)
+        except OSError as e:
+            _UNSAFE_LOCK.release()
+            raise SandboxError(f"{UNSAFE_HOST_BACKEND}: cannot open the machine-wide lock {_UNSAFE_LOCKFILE} "
+                               f"({e.strerror}); it needs root on a disposable machine") from None
         fcntl.flock(fd, fcntl.LOCK_EX)  # one unsafe trial per machine, across processes
         _UNSAFE_OWNER[:] = [sb, fd]
         log.warning("%s: running trial %s WITHOUT ANY ISOLATION on this host", UNSAFE_HOST_BACKEND, sb.root.name)

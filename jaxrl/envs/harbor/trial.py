@@ -250,7 +250,8 @@ class Trial:
 
     Args:
       task: the task.
-      trial_dir: the trial directory (created; default: a new temporary directory).
+      trial_dir: the trial directory (created if missing, must be empty; default: a new temporary
+        directory, removed at `close()` only with `keep="none"`).
       config: timeouts, sandbox settings.
       name: the trial name (default `<task[:32]>__<7 hex>`, as Harbor).
     """
@@ -264,7 +265,7 @@ class Trial:
         if trial_dir is None:
             import tempfile
 
-            trial_dir = Path(tempfile.mkdtemp(prefix="jaxrl-trial-")) / self.name
+            trial_dir = tempfile.mkdtemp(prefix=f"jaxrl-trial-{self.name}-")
         self.dir = Path(trial_dir).absolute()
         tc = task.config
         agent_t = config.agent_timeout_sec if config.agent_timeout_sec is not None else tc.agent_timeout_sec

@@ -1,14 +1,19 @@
 """Sandbox tests: escape attempts from inside a trial and the resource limits.
 
-Escape attempts (34; every one must be blocked): 25 probes run inside the sandbox by
-`ESCAPE_PROBES` (network to the host's loopback, host IP, outside, DNS, an abstract unix socket; reads
-of the host's home, the run directory and another live trial; /tests, /solution, /logs/verifier seen
-by the agent; writes to /usr, /etc, /, /opt/jaxrl, the bound Python, /dev, /proc/sysrq-trigger and
-/proc/sys; user/network namespaces, mount, setuid, capabilities, no_new_privs, host pids, /dev/tty
-(TIOCSTI), /sys and cgroupfs, leaked file descriptors, hard links out of /app), plus 9 host-side ones: a
-symlinked reward.txt / test-stdout.txt, removing or replacing the /logs/verifier mount during
-verification, symlinks and chmod 000 directories left for the cleanup and the disk count, /tests
-written by the verifier, a symlink planted in /logs/agent.
+Escape attempts, every one must be blocked (47):
+
+* 34 probes run inside the sandbox (`ESCAPE_PROBES`): TCP to the host's loopback listener, to the
+  host's IP and to the outside, DNS, the host's abstract unix socket; reading the host's home, the run
+  directory and a live neighbour trial's /app; seeing /tests, /solution or /logs/verifier as the agent;
+  writing /usr, /etc, /, /opt/jaxrl, the bound Python prefix, /dev, /proc/sysrq-trigger and
+  /proc/sys (global sysctls); unshare(user), unshare(net), mount; uid 0 / capabilities /
+  no_new_privs; su; signalling a host pid; /dev/tty (TIOCSTI); /sys and cgroupfs; leaked file
+  descriptors; hard links out of /app; ptrace, keyctl, bpf, io_uring, open_by_handle_at (seccomp).
+* 13 host-side ones: reward.txt and test-stdout.txt as symlinks to host files, removing / moving the
+  /logs/verifier mount and writing /tests during verification, symlinks in /app and /logs/agent
+  pointing at host directories, files and /usr (cleanup and disk accounting must not follow them),
+  chmod 000 directories left for the cleanup, and (in test_harbor_trials.py) a FIFO or a directory
+  named reward.txt and a symlinked verifier directory.
 """
 from __future__ import annotations
 

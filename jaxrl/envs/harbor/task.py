@@ -26,7 +26,10 @@ import dataclasses
 import math
 import os
 import re
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 from pathlib import Path
 from typing import Any, Optional
 

@@ -28,6 +28,12 @@ TINY = ["--config.trainer.train_batch_size=4", "--config.trainer.mini_batch_size
         "--config.trainer.eval_interval=0", "--config.trainer.export_best=False"]
 
 
+def _ports(engines: int, coordinators: int) -> tuple[int, int]:
+    """(engine base port, coordinator base port): one free range, so the two never overlap."""
+    base = _free_ports(engines + coordinators)
+    return base, base + engines
+
+
 def _free_ports(k: int) -> int:
     """A base port P with P .. P+k-1 free on every fake node's address."""
     for _ in range(200):
@@ -121,7 +127,7 @@ def test_job_script_rejects_bad_arguments(tmp_path, nodes, args, message):
 # ---------------------------------------------------------------------------------------------
 
 def test_job_trains_with_two_trainer_nodes_and_remote_jax_engines(tmp_path):
-    port, coord = _free_ports(2), _free_ports(3)
+    port, coord = _ports(2, 3)
     wd = tmp_path / "run"
     rc, out = _sbatch(tmp_path, 3, [
         "--train-nodes=2", "--engine=jax", "--engine-tp=2", "--platform=cpu", f"--port={port}",
@@ -164,7 +170,7 @@ def test_job_trains_with_two_trainer_nodes_and_remote_jax_engines(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 def test_engine_that_keeps_dying_stops_the_job(tmp_path):
-    port, coord = _free_ports(4), _free_ports(1)
+    port, coord = _ports(4, 1)
     wd = tmp_path / "run"
     rc, out = _sbatch(tmp_path, 2, [
         "--train-nodes=1", "--engine=jax", "--platform=cpu", f"--port={port}", f"--coordinator-port={coord}",
@@ -181,30 +187,164 @@ def test_engine_that_keeps_dying_stops_the_job(tmp_path):
     assert not (wd / "rl_config.json").exists()  # the trainer never started
 
 
-def test_trainer_restarts_then_job_stops_and_resubmission_is_accepted(tmp_path):
+def test_trainer_restarts_then_job_stops_cleanly(tmp_path):
     """The trainer SIGKILLs itself after its first rollouts (JAXRL_KILL_AT), each time: the job
-    restarts it once, then stops every role with a message. Resubmitting the same run with engines
-    on other ports (new URLs, as on other nodes) passes the resume check and trains."""
-    port, coord = _free_ports(1), _free_ports(2)
+    restarts it once, then stops every role with a message and an exit code of 1."""
+    port, coord = _ports(1, 2)
     wd = tmp_path / "run"
-    common = ["--train-nodes=1", "--engine=jax", "--engine-tp=4", "--platform=cpu", "--recipe=configs/rloo.py"]
-    overrides = ["--config.trainer.num_steps=1", *TINY]
-    rc, out = _sbatch(tmp_path, 2, [*common, f"--port={port}", f"--coordinator-port={coord}",
-                                    "--trainer-restarts=1", str(wd), *overrides],
-                      env=_env(tmp_path, JAXRL_KILL_AT="generate:1"))
+    rc, out = _sbatch(tmp_path, 2, [
+        "--train-nodes=1", "--engine=jax", "--engine-tp=4", "--platform=cpu", "--recipe=configs/rloo.py",
+        f"--port={port}", f"--coordinator-port={coord}", "--trainer-restarts=1", str(wd),
+        "--config.trainer.num_steps=1", *TINY], env=_env(tmp_path, JAXRL_KILL_AT="generate:1"))
     assert rc == 1, out[-5000:]
     notes = _notes(out)
     assert any("trainer exited with code 137; restarting it (1 of 1)" in n for n in notes), notes
     assert any("trainer failed (exit code 137) and has no restarts left (--trainer-restarts=1)" in n
                for n in notes), notes
     assert "resubmit the same command" in notes[-1], notes
-    first_job = _job_dirs(tmp_path)[0]
-    assert not (first_job / "leftover_steps.txt").exists()
+    # Both attempts got rollouts from the engine before dying; the engine was stopped by the script.
+    log = (wd / "logs" / f"engine_127.0.0.2_{port}.log").read_text()
+    assert len(re.findall(r'"POST /v1/completions HTTP/1.1" 200', log)) >= 2, log[-2000:]
+    job = _job_dirs(tmp_path)[0]
+    assert not (job / "leftover_steps.txt").exists()
+    assert not list((job / "steps").iterdir())
 
-    port2, coord2 = _free_ports(1), _free_ports(1)
-    assert port2 != port
-    rc, out = _sbatch(tmp_path, 2, [*common, f"--port={port2}", f"--coordinator-port={coord2}", str(wd), *overrides])
-    assert rc == 0, out[-5000:]
-    with open(wd / "metrics.csv") as f:
-        assert [r["step"] for r in csv.DictReader(f)] == ["1"]
-    assert f"http://127.0.0.2:{port2}" in (wd / "rl_config.json").read_text()
+
+def test_resubmitted_job_may_have_engines_at_other_urls(tmp_path):
+    """Regression: a resubmitted job gets other rollout nodes, so generator.sidecar_urls differs
+    from the run's rl_config.json; the trainer refused to resume ("different config"). Other
+    keys still must match."""
+    import ml_collections
+
+    from jaxrl.config import ConfigError
+    from jaxrl.train import trainer
+
+    sys.path.insert(0, os.path.join(ROOT, "configs"))
+    import rloo
+
+    def config(urls, lr=1e-4):
+        c = rloo.get_config()
+        c.generator.sidecar_urls = urls
+        c.trainer.optimizer.lr = lr
+        return ml_collections.ConfigDict(c)
+
+    wd = str(tmp_path / "run")
+    trainer.Trainer(config(("http://n7:8100", "http://n7:8101")), wd, progress=False).ckpt.close()
+    t = trainer.Trainer(config(("http://n9:8100", "http://n9:8101")), wd, progress=False)
+    t.ckpt.close()
+    assert "http://n9:8100" in open(os.path.join(wd, "rl_config.json")).read()
+    with pytest.raises(ConfigError, match="trainer.optimizer.lr"):
+        trainer.Trainer(config(("http://n9:8100",), lr=2e-4), wd, progress=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# The vLLM path and the split-job trainer script, with stand-ins for `vllm` and the trainer
+# ---------------------------------------------------------------------------------------------
+
+STUB_TRAINER = r'''#!/usr/bin/env python3
+"""Stand-in for `python -m jaxrl.main`: records its arguments and environment, exits 0."""
+import json, os, sys
+keys = ("JAXRL_COORDINATOR_ADDRESS", "JAXRL_NUM_PROCESSES", "JAXRL_PROCESS_ID", "SLURMD_NODENAME", "XLA_FLAGS")
+rec = {"argv": sys.argv[1:], "cwd": os.getcwd(), "env": {k: os.environ.get(k) for k in keys}}
+with open(os.path.join(os.environ["STUB_OUT"], f"trainer_{os.environ['SLURM_PROCID']}.json"), "w") as f:
+    json.dump(rec, f)
+'''
+
+STUB_VLLM = r'''#!/usr/bin/env python3
+"""Stand-in for `vllm serve`: records its arguments and environment, answers GET /health."""
+import http.server, json, os, sys
+args = sys.argv[1:]
+host, port = args[args.index("--host") + 1], int(args[args.index("--port") + 1])
+keys = ("CUDA_VISIBLE_DEVICES", "VLLM_API_KEY", "JAXRL_SYNC_DIR", "VLLM_SERVER_DEV_MODE", "SLURMD_NODENAME")
+with open(os.path.join(os.environ["STUB_OUT"], f"vllm_{host}_{port}.json"), "w") as f:
+    json.dump({"argv": args, "env": {k: os.environ.get(k) for k in keys}}, f)
+
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+http.server.HTTPServer((host, port), H).serve_forever()
+'''
+
+
+def _stubs(tmp_path):
+    stub_dir, out = tmp_path / "stubs", tmp_path / "stub_out"
+    stub_dir.mkdir()
+    out.mkdir()
+    for name, text in (("python", STUB_TRAINER), ("vllm", STUB_VLLM)):
+        (stub_dir / name).write_text(text)
+        (stub_dir / name).chmod(0o755)
+    env = _env(tmp_path, STUB_OUT=str(out))
+    env["PATH"] = os.pathsep.join([FAKE_BIN, str(stub_dir), os.path.dirname(sys.executable), os.environ["PATH"]])
+    return env, out
+
+
+def test_vllm_layout_engines_per_gpu_group_and_trainer_arguments(tmp_path):
+    """3 nodes of 4 GPUs, 1 trainer node, tensor parallel 2: 2 vLLM engines on each of 2 rollout
+    nodes, each with its own 2 GPUs, port and the node's address; the trainer gets all 4 URLs."""
+    import json
+
+    env, out = _stubs(tmp_path)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("")
+    port, coord = _ports(2, 1)
+    wd = tmp_path / "run"
+    rc, text = _sbatch(tmp_path, 3, [
+        "--train-nodes=1", "--engine-tp=2", f"--model={model}", f"--dataset={data}", f"--port={port}",
+        f"--coordinator-port={coord}", "--engine-args=--max-model-len 40960", str(wd),
+        "--config.trainer.seq_len_buckets=(4096, 8192)"], env=env, timeout=120)
+    assert rc == 0, text[-4000:]
+    token = (wd / ".sidecar_token").read_text().strip()
+    urls = []
+    for host in ("127.0.0.2", "127.0.0.3"):
+        for e, gpus in ((0, "0,1"), (1, "2,3")):
+            rec = json.loads((out / f"vllm_{host}_{port + e}.json").read_text())
+            a = rec["argv"]
+            assert a[:2] == ["serve", str(model)] and a[a.index("--tensor-parallel-size") + 1] == "2"
+            assert a[-2:] == ["--max-model-len", "40960"]
+            assert rec["env"]["CUDA_VISIBLE_DEVICES"] == gpus and rec["env"]["VLLM_API_KEY"] == token
+            assert rec["env"]["JAXRL_SYNC_DIR"] == str(wd / "sync") and rec["env"]["SLURMD_NODENAME"] == host
+            urls.append(f"http://{host}:{port + e}")
+    t = json.loads((out / "trainer_0.json").read_text())
+    assert not (out / "trainer_1.json").exists()
+    assert t["cwd"] == ROOT and t["env"]["SLURMD_NODENAME"] == "127.0.0.1"
+    assert t["env"]["JAXRL_COORDINATOR_ADDRESS"] == f"127.0.0.1:{coord}" and t["env"]["JAXRL_NUM_PROCESSES"] == "1"
+    assert t["env"]["JAXRL_PROCESS_ID"] == "0"
+    assert "--xla_gpu_enable_latency_hiding_scheduler=true" in t["env"]["XLA_FLAGS"]
+    assert t["argv"] == ["-m", "jaxrl.main", "--config=configs/rloo.py:qwen3_8b", f"--workdir={wd}",
+                         "--config.generator.backend=vllm",
+                         "--config.generator.sidecar_urls=(" + "".join(f"'{u}'," for u in urls) + ")",
+                         f"--config.generator.token_file={wd / '.sidecar_token'}", f"--config.model.path={model}",
+                         f"--config.data.dataset_path={data}", "--config.trainer.seq_len_buckets=(4096, 8192)"]
+    assert not (_job_dirs(tmp_path)[0] / "leftover_steps.txt").exists()
+
+
+def test_split_job_trainer_script_passes_arguments_and_process_ids(tmp_path):
+    """launch/slurm_train.sh on 2 nodes: one process per node with its id, the first node as the
+    coordinator, the engines' URLs as a tuple, overrides with spaces intact."""
+    import json
+
+    env, out = _stubs(tmp_path)
+    wd = tmp_path / "run"
+    cmd = ["sbatch", "--wait", "--nodes=2", f"--output={tmp_path / 'train.out'}", "launch/slurm_train.sh", str(wd),
+           "/ckpt/Qwen3-8B", "/data/p.jsonl", "http://n7:8000,http://n8:8000", "--config.trainer.seq_len_buckets=(4096, 8192)"]
+    r = subprocess.run(cmd, cwd=ROOT, env={**env, "JAX_COORDINATOR_PORT": "23456"}, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, (tmp_path / "train.out").read_text()[-3000:]
+    recs = [json.loads((out / f"trainer_{i}.json").read_text()) for i in (0, 1)]
+    for i, t in enumerate(recs):
+        assert t["env"]["JAXRL_PROCESS_ID"] == str(i) and t["env"]["SLURMD_NODENAME"] == NODES[i]
+        assert t["env"]["JAXRL_COORDINATOR_ADDRESS"] == "127.0.0.1:23456" and t["env"]["JAXRL_NUM_PROCESSES"] == "2"
+        assert t["cwd"] == ROOT
+        assert t["argv"] == ["-m", "jaxrl.main", "--config=configs/rloo.py:qwen3_8b", f"--workdir={wd}",
+                             "--config.model.path=/ckpt/Qwen3-8B", "--config.data.dataset_path=/data/p.jsonl",
+                             "--config.generator.sidecar_urls=('http://n7:8000','http://n8:8000',)",
+                             f"--config.generator.token_file={wd / '.sidecar_token'}",
+                             "--config.trainer.seq_len_buckets=(4096, 8192)"]

@@ -471,7 +471,7 @@ def scontrol(argv: list[str]) -> int:
     if not spec:
         return _err(prog, "no hostlist given and SLURM_JOB_NODELIST is not set")
     try:
-        print("\n".join(expand_hostlist(spec)))
+        sys.stdout.write("".join(f"{h}\n" for h in expand_hostlist(spec)))  # one write, as a C program's buffer
     except ValueError as e:
         return _err(prog, str(e))
     return 0

@@ -128,12 +128,16 @@ if [[ $ENGINE == vllm && -z $MODEL ]]; then die "--engine=vllm needs --model=DIR
 if [[ -n $MODEL && ! -f $MODEL/config.json ]]; then die "--model=$MODEL is not an HF checkpoint directory (no config.json)"; fi
 if [[ -n $DATASET && ! -e $DATASET ]]; then die "--dataset=$DATASET does not exist"; fi
 if [[ -n $ENGINE_VENV && ! -f $ENGINE_VENV/bin/activate ]]; then die "--engine-venv=$ENGINE_VENV has no bin/activate"; fi
+# Absolute paths: the roles run from the repository root on other nodes.
+[[ -n $MODEL ]] && MODEL=$(cd "$MODEL" && pwd)
+[[ -n $DATASET ]] && DATASET=$(cd "$(dirname "$DATASET")" && pwd)/$(basename "$DATASET")
+[[ -n $ENGINE_VENV ]] && ENGINE_VENV=$(cd "$ENGINE_VENV" && pwd)
 for o in "${OVERRIDES[@]}"; do
   case $o in
     --config.generator.sidecar_urls*|--config.generator.backend*|--config.generator.token_file*|--workdir*)
       die "$o is set by this script (engine URLs, --engine and WORKDIR); remove it" ;;
-    --config.model.path*) [[ -z $MODEL ]] || die "$o conflicts with --model=$MODEL; give the checkpoint once, as --model" ;;
-    --config.data.dataset_path*) [[ -z $DATASET ]] || die "$o conflicts with --dataset=$DATASET; give it once" ;;
+    --config.model.path*) die "$o: give the checkpoint as --model=DIR instead (the engines load it too)" ;;
+    --config.data.dataset_path*) die "$o: give the prompt file as --dataset=FILE instead" ;;
     --config*) ;;
     *) die "unexpected argument $o after WORKDIR (only --config.key=value overrides go there)" ;;
   esac

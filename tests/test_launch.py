@@ -110,6 +110,7 @@ def test_fake_hostlists_follow_slurm_syntax():
     (2, ["--engine=jax", "--frobnicate=1", "W"], "unknown option --frobnicate"),
     (2, ["--engine=jax", "W", "--config.generator.sidecar_urls=('http://x:1',)"], "is set by this script"),
     (2, ["--engine=jax", "W", "stray"], "unexpected argument stray after WORKDIR"),
+    (2, ["--engine=jax", "W", "--config.model.path=/ckpt"], "give the checkpoint as --model=DIR instead"),
     (2, ["--engine=jax"], "usage: sbatch --nodes=N"),
 ])
 def test_job_script_rejects_bad_arguments(tmp_path, nodes, args, message):

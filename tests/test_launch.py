@@ -249,6 +249,9 @@ keys = ("JAXRL_COORDINATOR_ADDRESS", "JAXRL_NUM_PROCESSES", "JAXRL_PROCESS_ID", 
 rec = {"argv": sys.argv[1:], "cwd": os.getcwd(), "env": {k: os.environ.get(k) for k in keys}}
 with open(os.path.join(os.environ["STUB_OUT"], f"trainer_{os.environ['SLURM_PROCID']}.json"), "w") as f:
     json.dump(rec, f)
+if os.environ.get("STUB_TRAINER_SLEEP"):  # a trainer that trains until stopped
+    import time
+    time.sleep(float(os.environ["STUB_TRAINER_SLEEP"]))
 '''
 
 STUB_VLLM = r'''#!/usr/bin/env python3
@@ -268,7 +271,11 @@ class H(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
 
-http.server.HTTPServer((host, port), H).serve_forever()
+server = http.server.HTTPServer((host, port), H)
+if os.environ.get("STUB_VLLM_EXIT_AFTER"):  # an engine that crashes after a while
+    import threading
+    threading.Timer(float(os.environ["STUB_VLLM_EXIT_AFTER"]), lambda: os._exit(3)).start()
+server.serve_forever()
 '''
 
 
@@ -349,3 +356,55 @@ def test_split_job_trainer_script_passes_arguments_and_process_ids(tmp_path):
                              "--config.generator.sidecar_urls=('http://n7:8000','http://n8:8000',)",
                              f"--config.generator.token_file={wd / '.sidecar_token'}",
                              "--config.trainer.seq_len_buckets=(4096, 8192)"]
+
+
+def _stub_job(tmp_path, env, nodes=2, extra=()):
+    """Starts a vLLM-layout job with stand-ins (1 trainer node, 1 engine a node) without waiting."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    port, coord = _ports(1, 1)
+    out = tmp_path / "job.out"
+    cmd = ["sbatch", "--wait", f"--nodes={nodes}", f"--output={out}", "launch/slurm_job.sh", "--train-nodes=1",
+           "--engine-tp=4", f"--model={model}", f"--port={port}", f"--coordinator-port={coord}", *extra,
+           str(tmp_path / "run")]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), out
+
+
+def test_termination_signal_stops_every_role(tmp_path):
+    """scancel / the time limit: SIGTERM to the batch script stops the trainer and the engines."""
+    import json
+    import signal
+    import time
+
+    env, out = _stubs(tmp_path)
+    env["STUB_TRAINER_SLEEP"] = "300"
+    proc, log = _stub_job(tmp_path, env)
+    deadline = time.monotonic() + 60
+    while not (out / "trainer_0.json").exists():  # the engines were healthy and the trainer runs
+        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+        time.sleep(0.1)
+    job = _job_dirs(tmp_path)[0]
+    os.kill(json.loads((job / "batch.json").read_text())["pid"], signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143, log.read_text()
+    notes = _notes(log.read_text())
+    assert "received a termination signal; stopping every role" in notes[-1], notes
+    assert not (job / "leftover_steps.txt").exists()
+    assert not list((job / "steps").iterdir())
+
+
+def test_engine_dying_mid_run_stops_the_trainer_and_the_job(tmp_path):
+    """A vLLM engine crashes while the trainer runs (vLLM engines are not restarted): the job stops
+    the trainer and ends with exit code 1 and a message."""
+    env, out = _stubs(tmp_path)
+    env.update(STUB_TRAINER_SLEEP="300", STUB_VLLM_EXIT_AFTER="3")
+    proc, log = _stub_job(tmp_path, env)
+    assert proc.wait(timeout=90) == 1, log.read_text()
+    text = log.read_text()
+    notes = _notes(text)
+    assert any("engine 0 (http://127.0.0.2:" in n and "exited with code 3 and has no restarts left" in n
+               for n in notes), notes
+    assert any("rollout role failed" in n for n in notes), notes
+    assert (out / "trainer_0.json").exists()  # the trainer had started and was stopped
+    job = _job_dirs(tmp_path)[0]
+    assert not (job / "leftover_steps.txt").exists()

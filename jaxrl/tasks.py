@@ -30,7 +30,7 @@ def _trial_config(args, keep: str) -> TrialConfig:
 
 def _load(args):
     errors: list = []
-    tasks = load_task_set(args.path, skip_invalid=args.skip_invalid, errors=errors)
+    tasks = load_task_set(args.path, extract_dir=args.extract_dir, skip_invalid=args.skip_invalid, errors=errors)
     for src, msg in errors:
         print(f"invalid task skipped: {msg}", file=sys.stderr)
     return tasks
@@ -63,7 +63,7 @@ def cmd_check(args) -> int:
 
 def cmd_list(args) -> int:
     errors: list = []
-    tasks = load_task_set(args.path, skip_invalid=True, errors=errors)
+    tasks = load_task_set(args.path, extract_dir=args.extract_dir, skip_invalid=True, errors=errors)
     w = max([len("task")] + [len(t.name) for t in tasks])
     print(f"{'task':<{w}}  {'profile':<7}  {'agent s':>7}  {'verif s':>7}  {'mem MB':>6}  oracle  family")
     for t in tasks:
@@ -105,6 +105,8 @@ def main(argv=None) -> int:
         sp.add_argument("path", nargs="?" if path_default else None, default=str(SHIPPED_TASKS_DIR),
                         help="task directory, folder of tasks, or DCAgent .parquet (default: the shipped set)")
         sp.add_argument("--skip-invalid", action="store_true", help="skip invalid tasks (reported) instead of failing")
+        sp.add_argument("--extract-dir", default=None,
+                        help="where a .parquet set is unpacked (default: <file>.parquet.tasks/ next to it)")
 
     def trial_opts(sp):
         sp.add_argument("--agent-timeout", type=float, default=None, help="agent budget, s (default: task.toml)")

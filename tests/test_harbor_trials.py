@@ -299,6 +299,11 @@ def test_cli(tmp_path):
     assert p.returncode == 0 and "test/inverted" in p.stdout and "shell" in p.stdout
     p = run("run-oracle", str(s), "--task", "write-file-000", "--trials-dir", str(tmp_path / "runs"))
     assert p.returncode == 0 and '"reward": 1.0' in p.stdout and '"outcome": "ok"' in p.stdout
+    from jaxrl.envs.harbor import write_parquet
+
+    write_parquet([s / "write-file-000"], tmp_path / "one.parquet")
+    p = run("list", str(tmp_path / "one.parquet"), "--extract-dir", str(tmp_path / "unpacked"))
+    assert p.returncode == 0 and "write-file-000" in p.stdout and (tmp_path / "unpacked" / "write-file-000").is_dir()
     p = run("check", str(tmp_path / "nope"))
     assert p.returncode == 2 and p.stderr.strip().startswith("error:") and len(p.stderr.strip().splitlines()) == 1
     os.remove(inv / "tests" / "test.sh")

@@ -50,7 +50,7 @@ def main(argv):
 
     parallel.maybe_initialize_distributed()  # multi-host runs (JAXRL_* or SLURM env); no-op otherwise
     from jaxrl.envs import DatasetError
-    from jaxrl.rollout.sidecar import SidecarError
+    from jaxrl.rollout.client import SidecarError
     from jaxrl.train import trainer
 
     config = _CONFIG.value

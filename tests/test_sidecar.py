@@ -10,11 +10,14 @@ import numpy as np
 import pytest
 
 from jaxrl.rollout import weight_sync as ws
-from jaxrl.rollout.sidecar import SidecarClient, SidecarError, SidecarProcess, create_app, free_port
+from jaxrl.rollout.client import SidecarClient, SidecarError
+from jaxrl.rollout.process import SidecarProcess, free_port
+from jaxrl.rollout.server import JaxBackend, create_app
 from jaxrl.rollout.types import SamplingParams
 from tests.sidecar_fake_engine import FakeEngine, expected_tokens
 
 TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -48,7 +51,8 @@ def fake(tmp_path):
     def start(n=1, batch_wait_ms=5.0, delay_s=0.0):
         for _ in range(n):
             e = FakeEngine(delay_s=delay_s)
-            s = _Server(create_app(e, sync_dir=str(sync), token=TOKEN, batch_wait_ms=batch_wait_ms, max_batch_rows=64))
+            s = _Server(create_app(JaxBackend(e, batch_wait_ms=batch_wait_ms, max_batch_rows=64), sync_dir=str(sync),
+                                   token=TOKEN))
             engines.append(e)
             servers.append(s)
         return engines, [s.url for s in servers], str(sync)
@@ -62,7 +66,7 @@ def test_completions_speak_vllm_shape(fake):
     (engine,), (url,), _ = fake()
     body = {"model": "policy", "prompt": [[1, 2, 3], [10, 20]], "max_tokens": 5, "n": 2, "seed": 4,
             "stop_token_ids": [13], "logprobs": 0, "return_token_ids": True, "temperature": 0.8}
-    r = httpx.post(url + "/v1/completions", json=body)
+    r = httpx.post(url + "/v1/completions", json=body, headers=AUTH)
     assert r.status_code == 200, r.text
     resp = r.json()
     assert resp["object"] == "text_completion" and resp["policy_version"] == 0
@@ -81,7 +85,8 @@ def test_completions_speak_vllm_shape(fake):
     assert resp["usage"] == {"prompt_tokens": 5, "completion_tokens": sum(len(c["token_ids"]) for c in choices),
                              "total_tokens": 5 + sum(len(c["token_ids"]) for c in choices)}
     # A flat prompt is one prompt; temperature 0 means greedy (vLLM convention).
-    r = httpx.post(url + "/v1/completions", json={"prompt": [5, 5], "max_tokens": 2, "temperature": 0, "seed": 1})
+    r = httpx.post(url + "/v1/completions", json={"prompt": [5, 5], "max_tokens": 2, "temperature": 0, "seed": 1},
+                   headers=AUTH)
     assert len(r.json()["choices"]) == 1
 
 
@@ -97,13 +102,13 @@ def test_completions_speak_vllm_shape(fake):
 ])
 def test_bad_requests_get_400_naming_the_field(fake, body, field):
     _, (url,), _ = fake()
-    r = httpx.post(url + "/v1/completions", json=body)
+    r = httpx.post(url + "/v1/completions", json=body, headers=AUTH)
     assert r.status_code == 400 and field in r.json()["error"]["message"]
 
 
 def test_concurrent_requests_are_batched_into_few_engine_calls(fake):
     (engine,), (url,), _ = fake(batch_wait_ms=200)
-    client = SidecarClient([url])
+    client = SidecarClient([url], token=TOKEN)
     prompts = [[i, i + 1] for i in range(8)]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda p: client.generate([p], SamplingParams(max_tokens=3, seed=2))[0], prompts))
@@ -115,7 +120,7 @@ def test_concurrent_requests_are_batched_into_few_engine_calls(fake):
 
 def test_client_spreads_chunks_over_sidecars(fake):
     engines, urls, _ = fake(n=2, delay_s=0.05)
-    client = SidecarClient(urls, max_prompts_per_request=2)
+    client = SidecarClient(urls, token=TOKEN, max_prompts_per_request=2)
     prompts = [[i] * 3 for i in range(8)]
     out = client.generate(prompts, SamplingParams(max_tokens=4, n=2, seed=9))
     assert len(out) == 8 and all(len(g) == 2 for g in out)
@@ -153,16 +158,13 @@ def test_load_weights_requires_token_and_a_path_inside_sync_dir(fake, tmp_path):
     client.close()
 
 
-def test_client_request_body_is_vllm_compatible():
-    client = SidecarClient(["http://127.0.0.1:1"], backend="vllm")
-    body = client.request_body([[1, 2]], SamplingParams(max_tokens=7, temperature=0.7, top_k=0, greedy=True,
-                                                        stop_token_ids=(2,), seed=3))
+def test_client_request_body_carries_greedy_and_temperature():
+    body = SidecarClient(["http://127.0.0.1:1"]).request_body([[1, 2]], SamplingParams(
+        max_tokens=7, temperature=0.7, top_k=0, greedy=True, stop_token_ids=(2,), seed=3))
     assert body["prompt"] == [[1, 2]] and body["max_tokens"] == 7 and body["top_k"] == -1
-    assert body["temperature"] == 0.0 and "greedy" not in body  # vLLM greedy
+    assert body["greedy"] is True and body["temperature"] == 0.7  # the front turns greedy into vLLM's T=0
     assert body["logprobs"] == 0 and body["return_token_ids"] is True and body["ignore_eos"] is True
     assert body["stop_token_ids"] == [2] and body["seed"] == 3
-    jax_body = SidecarClient(["http://127.0.0.1:1"]).request_body([[1]], SamplingParams(greedy=True, temperature=0.7))
-    assert jax_body["greedy"] is True and jax_body["temperature"] == 0.7
 
 
 def test_dead_sidecar_error_names_it():

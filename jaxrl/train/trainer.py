@@ -30,13 +30,15 @@ import numpy as np
 
 from jaxrl import config as config_lib
 from jaxrl import parallel
+from jaxrl.buckets import round_up
 from jaxrl.envs import (DEFAULT_POLICY_DIR, ChatTemplate, RolloutConfig, Trajectory, get_task_suite, load_tasks,
                         run_rollouts)
 from jaxrl.models import hf_io, qwen3
 from jaxrl.rl import advantages as adv_lib
 from jaxrl.rl import losses
 from jaxrl.rollout import weight_sync
-from jaxrl.rollout.sidecar import SidecarClient, SidecarError, SidecarProcess
+from jaxrl.rollout.client import SidecarClient, SidecarError
+from jaxrl.rollout.process import SidecarProcess
 from jaxrl.rollout.types import SamplingParams
 from jaxrl.train import step as step_lib
 from jaxrl.train.checkpoint import CheckpointStore
@@ -152,11 +154,8 @@ def loss_config(c) -> losses.LossConfig:
 
 def bucket_length(n: int, buckets) -> int:
     """The smallest bucket >= n. Raises ValueError when n exceeds the largest bucket."""
-    for b in sorted(buckets):
-        if b >= n:
-            return int(b)
-    raise ValueError(f"a trajectory of {n} tokens exceeds the largest trainer.seq_len_buckets entry "
-                     f"{max(buckets)}; add a larger bucket or lower generator limits")
+    return round_up(n, buckets, "trajectory length (tokens)",
+                    fix="add a larger trainer.seq_len_buckets entry or lower the generator limits")
 
 
 def pack_trajectories(trajs: list[Trajectory], advantages: np.ndarray, buckets) -> dict[str, np.ndarray]:
@@ -382,7 +381,7 @@ class Trainer:
     def _start_sidecars(self):
         c = self.c
         if c.generator.backend == "vllm":
-            self.client = SidecarClient(list(c.generator.sidecar_urls), token_file=self._token_file(), backend="vllm")
+            self.client = SidecarClient(list(c.generator.sidecar_urls), token_file=self._token_file())
             return
         rows = min(512, c.trainer.train_batch_size * c.generator.n_samples_per_prompt)
         max_seq = self._rollout_cfg().max_seq_len

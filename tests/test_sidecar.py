@@ -193,7 +193,7 @@ def e2e(tmp_path_factory):
     proc = SidecarProcess(ckpt, sync_dir=sync, token_file=str(token_file), log_path=str(root / "sidecar.log"),
                           extra_args=["--dtype", "float32", "--max-seq-len", "256", "--max-batch-rows", "8",
                                       "--resume-latest"],
-                          env={"PYTHONPATH": REPO})
+                          env={"PYTHONPATH": REPO, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.25"})
     proc.start()
     yield dict(proc=proc, ckpt=ckpt, new_ckpt=new_ckpt, sync=sync, token_file=str(token_file))
     proc.stop()
@@ -208,7 +208,8 @@ def test_end_to_end_publish_load_generate_kill_restart(e2e):
 
     proc = e2e["proc"]
     health = proc.wait_healthy(timeout_s=180)
-    assert health["policy_version"] == 0
+    assert health["policy_version"] == 0 and health["backend"] == "jax"
+    assert health["gpu_memory"] == {"xla_mem_fraction": 0.25}  # the share it was started with
     client = SidecarClient([proc.url], token_file=e2e["token_file"], max_retries=1, retry_backoff_s=0.1)
     prompts = [[5, 17, 42], [9], [100, 3, 3, 7, 250, 1]]
     greedy = SamplingParams(max_tokens=12, greedy=True)

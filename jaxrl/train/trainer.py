@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from jaxrl import config as config_lib
-from jaxrl import parallel
+from jaxrl import gpu_memory, parallel
 from jaxrl.buckets import round_up
 from jaxrl.envs import (DEFAULT_POLICY_DIR, ChatTemplate, RolloutConfig, Trajectory, get_task_suite, load_tasks,
                         run_rollouts)
@@ -260,7 +260,7 @@ class Trainer:
         # evaluation and run logs; every process takes part in the sharded update, the weight
         # publication and the checkpoints. The run directory must be on a shared filesystem.
         self.is_main = jax.process_index() == 0
-        config_lib.validate(c, num_devices=jax.device_count())
+        config_lib.validate(c, num_devices=jax.device_count(), platform=jax.default_backend())
         if os.path.exists(self.workdir) and not os.path.isdir(self.workdir):
             raise config_lib.ConfigError("--workdir", f"{self.workdir} exists and is not a directory",
                                          "pass a directory (it is created if missing)")
@@ -382,12 +382,13 @@ class Trainer:
         c = self.c
         if c.generator.backend == "vllm":
             self.client = SidecarClient(list(c.generator.sidecar_urls), token_file=self._token_file())
+            gpu_memory.check_vllm_sidecars(c, self.client.health())
             return
         rows = min(512, c.trainer.train_batch_size * c.generator.n_samples_per_prompt)
         max_seq = self._rollout_cfg().max_seq_len
         extra = ["--resume-latest", "--exit-with-parent", "--max-batch-rows", str(rows), "--max-seq-len", str(max_seq),
                  "--dtype", c.model.compute_dtype, "--log-level", "warning"]
-        env = {"XLA_FLAGS": "", "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "")}
+        env = {"XLA_FLAGS": "", "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", ""), **gpu_memory.sidecar_env(c)}
         for i in range(c.generator.num_sidecars):
             sp = SidecarProcess(self.model_dir, sync_dir=self.sync_dir, token_file=self._token_file(), extra_args=extra,
                                 env=env, log_path=os.path.join(self.workdir, f"sidecar_{i}.log"))

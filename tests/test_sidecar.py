@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxrl.rollout import weight_sync as ws
-from jaxrl.rollout.client import SidecarClient, SidecarError
+from jaxrl.rollout.client import SidecarClient, SidecarError, SidecarUnreachable
 from jaxrl.rollout.process import SidecarProcess, free_port
 from jaxrl.rollout.server import JaxBackend, create_app
 from jaxrl.rollout.types import SamplingParams
@@ -260,7 +260,7 @@ def test_end_to_end_publish_load_generate_kill_restart(e2e):
         time.sleep(0.01)
     proc.kill()
     t.join(60)
-    assert len(errors) == 1 and proc.url in str(errors[0]), errors
+    assert len(errors) == 1 and proc.url in str(errors[0]) and isinstance(errors[0], SidecarUnreachable), errors
     # The restarted sidecar resumes the latest committed version and serves again.
     health = proc.restart(timeout_s=180)
     assert health["policy_version"] == 1
@@ -268,3 +268,37 @@ def test_end_to_end_publish_load_generate_kill_restart(e2e):
     assert [g[0].token_ids for g in again] == [g[0].token_ids for g in v1]
     client.close()
     bad.close()
+
+
+def test_sidecar_killed_during_a_weight_load_is_unreachable_not_refused(tmp_path):
+    # The trainer restarts an unreachable sidecar (#9 §8); it must not mistake this for a refusal.
+    sync = tmp_path / "sync"
+    ws.publish({"w": np.float32(3.0)}, str(sync), 1)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    proc = SidecarProcess("unused", sync_dir=str(sync), token_file=str(token_file), log_path=str(tmp_path / "log"),
+                          extra_args=["--engine", "tests.sidecar_fake_engine:make_fake_engine"],
+                          env={"PYTHONPATH": REPO, "FAKE_ENGINE_LOAD_DELAY_S": "30"})
+    proc.start()
+    try:
+        proc.wait_healthy(timeout_s=120)
+        client = SidecarClient([proc.url], token=TOKEN, max_retries=1, retry_backoff_s=0.05)
+        errors = []
+
+        def load():
+            try:
+                client.load_weights(1, str(sync / "1"))
+            except SidecarError as e:
+                errors.append(e)
+
+        t = threading.Thread(target=load)
+        t.start()
+        time.sleep(1.0)  # the load is in the engine (30 s)
+        proc.kill()
+        t.join(60)
+        assert len(errors) == 1 and isinstance(errors[0], SidecarUnreachable), errors
+        msg = str(errors[0])
+        assert proc.url in msg and "load policy version 1" in msg and "not running or not reachable" in msg
+        assert client.expected_version is None
+    finally:
+        proc.stop()

@@ -10,9 +10,10 @@ environment, and validated before anything starts:
 * ``trainer.gpu_memory_fraction``: each trainer process (XLA memory fraction, preallocated).
 * ``generator.gpu_memory_utilization``: each sidecar engine on the trainer's GPUs: a JAX sidecar's
   XLA memory fraction (every JAX sidecar the trainer starts sees all the host's GPUs and claims
-  this share of each), or vLLM's ``--gpu-memory-utilization`` when ``generator.colocate_with_trainer``
-  puts vLLM on the trainer's GPUs (launch/vllm_sidecar.sh's ``JAXRL_GPU_MEMORY_UTILIZATION`` must
-  match; the trainer checks what each vLLM sidecar reports).
+  this share of each), or, for external sidecars (``generator.sidecar_urls``) that
+  ``generator.colocate_with_trainer`` puts on the trainer's GPUs, vLLM's
+  ``--gpu-memory-utilization`` (launch/vllm_sidecar.sh's ``JAXRL_GPU_MEMORY_UTILIZATION``) or an
+  external JAX sidecar's XLA fraction; the trainer checks what each external sidecar reports.
 
 The sum on one GPU must leave `RESERVE` free (CUDA contexts, cuDNN/cuBLAS workspaces and NCCL
 buffers live outside those pools). On CPU the shares have no effect and are not enforced.
@@ -33,11 +34,12 @@ def claims(c) -> list[tuple[str, float]]:
     """The claims on one GPU of the trainer's host: [(who, fraction)], trainer first."""
     g = c.generator
     out = [("trainer (trainer.gpu_memory_fraction)", float(c.trainer.gpu_memory_fraction))]
-    if g.backend == "jax":
+    if g.backend == "jax" and not g.sidecar_urls:  # sidecars the trainer starts on its own host
         out += [(f"JAX sidecar {i} (generator.gpu_memory_utilization)", float(g.gpu_memory_utilization))
                 for i in range(int(g.num_sidecars))]
-    elif g.colocate_with_trainer:
-        out.append(("vLLM sidecar (generator.gpu_memory_utilization)", float(g.gpu_memory_utilization)))
+    elif g.colocate_with_trainer:  # one external engine per GPU next to the trainer
+        out.append((f"{'vLLM' if g.backend == 'vllm' else 'JAX'} sidecar (generator.gpu_memory_utilization)",
+                    float(g.gpu_memory_utilization)))
     return out
 
 
@@ -98,23 +100,26 @@ def apply_trainer_env(c, environ: Optional[MutableMapping[str, str]] = None) -> 
     environ.update(want)
 
 
-def check_vllm_sidecars(c, health: Mapping[str, dict]) -> None:
-    """With vLLM on the trainer's GPUs, every vLLM sidecar must claim the configured share.
+def check_external_sidecars(c, health: Mapping[str, dict]) -> None:
+    """With external sidecars on the trainer's GPUs (``generator.colocate_with_trainer``), every
+    sidecar must claim the configured share (vLLM's utilization or a JAX sidecar's XLA fraction).
 
     Args:
       health: {url: /health JSON} of the sidecars.
     Raises:
       ConfigError: naming the sidecar, what it reports and the fix.
     """
-    if c.generator.backend != "vllm" or not c.generator.colocate_with_trainer:
+    if not c.generator.sidecar_urls or not c.generator.colocate_with_trainer:
         return
     want = float(c.generator.gpu_memory_utilization)
     for url, h in health.items():
-        got = (h.get("gpu_memory") or {}).get("vllm_gpu_memory_utilization")
+        mem = h.get("gpu_memory") or {}
+        got = mem.get("vllm_gpu_memory_utilization", mem.get("xla_mem_fraction"))
         if got is None or abs(float(got) - want) > 1e-9:
-            raise ConfigError("generator.gpu_memory_utilization", f"the vLLM sidecar {url} claims {got} of each GPU, "
-                              f"the config {want}", "start it with JAXRL_GPU_MEMORY_UTILIZATION="
-                              f"{want:g} (launch/vllm_sidecar.sh) or set the key to what it uses")
+            raise ConfigError("generator.gpu_memory_utilization", f"the sidecar {url} claims {got} of each GPU, "
+                              f"the config {want}", f"start it with JAXRL_GPU_MEMORY_UTILIZATION={want:g} "
+                              "(launch/vllm_sidecar.sh; XLA_PYTHON_CLIENT_MEM_FRACTION for a JAX sidecar) or set "
+                              "the key to what it uses")
 
 
 def plan_line(c, estimate_bytes: int, device_memory_gib: float) -> str:

@@ -10,7 +10,7 @@
 #   JAXRL_TOKEN_FILE          file with the shared token (required unless JAXRL_SIDECAR_HOST is loopback):
 #                             the front requires it on every route but /health; vLLM gets it as VLLM_API_KEY
 #   JAXRL_SIDECAR_HOST        the front's bind address (default 127.0.0.1; the node's address on a cluster)
-#   JAXRL_VLLM_PORT           vLLM's loopback port (default PORT + 1)
+#   JAXRL_VLLM_PORT           vLLM's loopback port (default: a free one)
 #   JAXRL_VLLM_UDS            optional: a unix socket path for vLLM instead of the loopback port (for nodes
 #                             shared with other users; put it in a directory only you can enter)
 #   JAXRL_VLLM_LOGPROBS_MODE  processed_logprobs (default) | raw_logprobs: the run's logprob definition
@@ -66,7 +66,8 @@ if [[ -n "${JAXRL_VLLM_UDS:-}" ]]; then
   BIND=(--uds "$JAXRL_VLLM_UDS")
   UPSTREAM="unix:$JAXRL_VLLM_UDS"
 else
-  VPORT=${JAXRL_VLLM_PORT:-$((PORT + 1))}
+  # A free loopback port (PORT + 1 would be the next engine's front on a node running several).
+  VPORT=${JAXRL_VLLM_PORT:-$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
   BIND=(--host 127.0.0.1 --port "$VPORT")
   UPSTREAM="http://127.0.0.1:$VPORT"
 fi

@@ -123,14 +123,19 @@ def test_main_refuses_a_conflicting_memory_fraction_in_one_line(tmp_path):
     assert "trainer.gpu_memory_fraction" in out.stderr and not (tmp_path / "run").exists()
 
 
-def test_colocated_vllm_sidecars_must_report_the_configured_share():
-    c = _cfg(**{"generator.backend": "vllm", "generator.colocate_with_trainer": True,
-                "generator.gpu_memory_utilization": 0.35})
-    gpu_memory.check_vllm_sidecars(c, {"http://a": {"gpu_memory": {"vllm_gpu_memory_utilization": 0.35}}})
+def test_colocated_external_sidecars_must_report_the_configured_share():
+    c = _cfg(**{"generator.backend": "vllm", "generator.sidecar_urls": ("http://a",),
+                "generator.colocate_with_trainer": True, "generator.gpu_memory_utilization": 0.35})
+    gpu_memory.check_external_sidecars(c, {"http://a": {"gpu_memory": {"vllm_gpu_memory_utilization": 0.35}}})
     with pytest.raises(ConfigError, match="http://b claims 0.85 of each GPU, the config 0.35"):
-        gpu_memory.check_vllm_sidecars(c, {"http://b": {"gpu_memory": {"vllm_gpu_memory_utilization": 0.85}}})
+        gpu_memory.check_external_sidecars(c, {"http://b": {"gpu_memory": {"vllm_gpu_memory_utilization": 0.85}}})
+    c.generator.backend = "jax"  # external JAX sidecars report their XLA fraction
+    with pytest.raises(ConfigError, match="claims 0.5 of each GPU"):
+        gpu_memory.check_external_sidecars(c, {"http://b": {"gpu_memory": {"xla_mem_fraction": 0.5}}})
+    assert [who for who, _ in gpu_memory.claims(c)][1] == "JAX sidecar (generator.gpu_memory_utilization)"
     c.generator.colocate_with_trainer = False  # on their own nodes: their share is theirs
-    gpu_memory.check_vllm_sidecars(c, {"http://b": {"gpu_memory": {"vllm_gpu_memory_utilization": 0.85}}})
+    gpu_memory.check_external_sidecars(c, {"http://b": {"gpu_memory": {"vllm_gpu_memory_utilization": 0.85}}})
+    assert len(gpu_memory.claims(c)) == 1
 
 
 def test_plan_line_puts_the_share_next_to_the_estimate():

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Optional, Protocol, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:  # weight_sync imports numpy/orbax lazily; only its type is named here
+    from jaxrl.rollout.weight_sync import SyncStats
 
 
 MIN_TEMPERATURE = 1e-2
@@ -104,4 +107,31 @@ class Generator(Protocol):
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
         """Returns, for each prompt, `params.n` completions."""
+        ...
+
+
+# A request for an engine: prompts (token ids) and the sampling settings they share.
+EngineRequest = tuple[Sequence[Sequence[int]], SamplingParams]
+
+
+class Engine(Protocol):
+    """What the sidecar server needs from an in-process generation engine (the JAX `Sampler`).
+
+    Attributes:
+      policy_version: version of the weights currently loaded (0 = initial checkpoint).
+      eos_token_ids: ids added to a request's stop ids unless it sets ``ignore_eos`` (may be empty).
+    """
+
+    policy_version: int
+    eos_token_ids: tuple[int, ...]
+
+    def generate_requests(self, requests: Sequence[EngineRequest]) -> list[list[list[Completion]]]:
+        """One batched call: for each request, for each prompt, `params.n` completions.
+
+        Raises ValueError for a request the engine cannot serve (the server answers 400)."""
+        ...
+
+    def load_version(self, version_dir: str, version: int) -> "SyncStats":
+        """Replaces the weights by the committed version in `version_dir`; sets policy_version.
+        Must leave the old weights in place when it raises."""
         ...

@@ -386,11 +386,15 @@ class Trainer:
             self.client = SidecarClient(list(c.generator.sidecar_urls), token_file=self._token_file(),
                                         backend=c.generator.backend,
                                         max_prompts_per_request=max(1, rows // c.generator.n_samples_per_prompt))
-            gpu_memory.check_external_sidecars(c, self.client.health())
+            if c.generator.colocate_with_trainer:  # they must claim the configured share of the trainer's GPUs
+                gpu_memory.check_external_sidecars(c, self.client.health())
             return
         max_seq = self._rollout_cfg().max_seq_len
         extra = ["--resume-latest", "--exit-with-parent", "--max-batch-rows", str(rows), "--max-seq-len", str(max_seq),
-                 "--dtype", c.model.compute_dtype, "--log-level", "warning"]
+                 "--dtype", c.model.compute_dtype, "--log-level", "warning",
+                 # request limits that admit every request this run sends (chunks of <= rows samples)
+                 "--max-n", str(max(256, c.generator.n_samples_per_prompt)), "--max-prompt-tokens", str(max_seq),
+                 "--max-total-tokens", str(max(1 << 25, rows * max_seq))]
         env = {"XLA_FLAGS": "", "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", ""), **gpu_memory.sidecar_env(c)}
         for i in range(c.generator.num_sidecars):
             sp = SidecarProcess(self.model_dir, sync_dir=self.sync_dir, token_file=self._token_file(), extra_args=extra,

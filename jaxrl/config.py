@@ -277,13 +277,6 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
                  "set --config.trainer.algorithm.max_seq_len to the total token budget per sequence, e.g. 32768")
     _require(a.temperature > 0, "trainer.algorithm.temperature", f"{a.temperature} must be > 0",
              "use the sampling temperature, e.g. 1.0")
-    _require(a.temperature == g.sampling_params.temperature or a.allow_temperature_mismatch,
-             "trainer.algorithm.temperature",
-             f"{a.temperature} differs from generator.sampling_params.temperature={g.sampling_params.temperature}: "
-             "the trainer's logprobs would describe another distribution than the one the rollouts were sampled "
-             "from (every importance ratio is off)",
-             "set both to the same value, or pass --config.trainer.algorithm.allow_temperature_mismatch=True "
-             "to train against a different temperature on purpose")
     _require(a.kl_loss_coef >= 0, "trainer.algorithm.kl_loss_coef", "must be >= 0", "use 0 to disable KL")
     _require(a.entropy_loss_coef >= 0, "trainer.algorithm.entropy_loss_coef", "must be >= 0",
              "use 0 to disable the entropy bonus")
@@ -336,6 +329,13 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
                       ("generator.eval_sampling_params.temperature", g.eval_sampling_params.temperature)):
         _require(MIN_TEMPERATURE <= temp < math.inf, key, f"{temp} must be finite and >= {MIN_TEMPERATURE}",
                  "use 1.0 (for argmax decoding set greedy instead)")
+    _require(a.temperature == g.sampling_params.temperature or a.allow_temperature_mismatch,
+             "trainer.algorithm.temperature",
+             f"{a.temperature} differs from generator.sampling_params.temperature={g.sampling_params.temperature}: "
+             "the trainer's logprobs would describe another distribution than the one the rollouts were sampled "
+             "from (every importance ratio is off)",
+             "set both to the same value, or pass --config.trainer.algorithm.allow_temperature_mismatch=True "
+             "to train against a different temperature on purpose")
     _require(0 < sp.top_p <= 1, "generator.sampling_params.top_p", "must be in (0, 1]", "use 1.0")
     _require(g.backend in ("jax", "vllm"), "generator.backend", f"unknown backend {g.backend!r}", "use 'jax' or 'vllm'")
     if g.backend == "vllm" and check_inputs:

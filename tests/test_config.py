@@ -270,7 +270,7 @@ def test_garbage_rl_config_json_on_the_command_line(tmp_path):
 def test_sidecar_errors_shown_to_cli_users_name_no_python_api():
     """Regression (issue 9 §8): the CLI error of a failed weight load told the user to call
     `SidecarProcess.restart()`."""
-    from jaxrl.rollout.sidecar import SidecarError
+    from jaxrl.rollout.client import SidecarError
     from jaxrl.train.trainer import sidecar_error_text
 
     e = SidecarError("http://127.0.0.1:9", "POST /v1/load_weights failed after 3 attempts (is the sidecar process "

@@ -180,7 +180,7 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     c.trainer.num_steps = 200
     c.trainer.train_batch_size = 64
     c.trainer.mini_batch_size = 64
-    c.trainer.micro_batch_size = 16  # one sequence per device on 2 nodes x 8 GPUs
+    c.trainer.micro_batch_size = 8  # one 32k-token sequence per device on 8 trainer GPUs (2 GH200 nodes)
     c.trainer.eval_interval = 10
     c.trainer.ckpt_interval = 5
     c.trainer.seq_len_buckets = (4096, 8192, 16384, 32768)

@@ -105,3 +105,36 @@ def test_schedule_warmup_then_cosine():
     assert float(s(7)) == pytest.approx(0.5, abs=1e-6)
     with pytest.raises(ValueError, match="schedule"):
         step_lib.make_schedule(1.0, 10, kind="linear")
+
+
+def _compiled_train_step(T: int, attention: str = "xla"):
+    """AOT-compiled train step of a 1-layer model (remat full) on one [1, T] row; no execution."""
+    import re
+
+    cfg = qwen3.Qwen3Config.preset("tiny", num_hidden_layers=1, dtype="float32", remat="full", attention=attention)
+    params = qwen3.abstract_params(cfg)
+    tx, sched = step_lib.make_optimizer(1e-3, 10)
+    scfg = step_lib.StepConfig(loss=losses.LossConfig(), num_micro_batches=1, chunk_size=1024)
+    i32 = jax.ShapeDtypeStruct((1, T), jnp.int32)
+    f32 = jax.ShapeDtypeStruct((1, T - 1), jnp.float32)
+    batch = dict(tokens=i32, positions=i32, segment_ids=i32, loss_mask=jax.ShapeDtypeStruct((1, T - 1), jnp.int32),
+                 advantages=f32, old_logprobs=f32)
+    weights = losses.LossWeights(policy=f32, token=f32, sequence_token=f32,
+                                 sequence=jax.ShapeDtypeStruct((1,), jnp.float32))
+    fn = jax.jit(lambda p, o, b, w: step_lib.train_step(p, o, b, w, model_cfg=cfg, step_cfg=scfg, tx=tx, schedule=sched))
+    compiled = fn.lower(params, jax.eval_shape(tx.init, params), batch, weights).compile()
+    # Every array shape in the optimized HLO with at least two dimensions >= T (a [T, T] buffer).
+    shapes = set(re.findall(r"\b(?:f32|bf16|f16|pred|s32|u8)\[[0-9,]+\]", compiled.as_text()))
+    quadratic = sorted(s for s in shapes if sum(int(d) >= T for d in s[s.index("[") + 1:-1].split(",")) >= 2)
+    return compiled.memory_analysis().temp_size_in_bytes, quadratic
+
+
+def test_attention_memory_is_linear_in_sequence_length():
+    """Regression: the training forward built a dense [B, T, T] mask and [B, H, T, T] scores
+    (65.7 GiB of temporaries at T = 32k for this 1-layer model, 16x the 8k figure)."""
+    temp_8k, quad_8k = _compiled_train_step(8192)
+    temp_32k, quad_32k = _compiled_train_step(32768)
+    assert quad_8k == [] and quad_32k == [], (quad_8k, quad_32k)
+    # 4x the tokens: linear growth gives a ratio <= 4 (fixed costs make it smaller); T^2 gives 16.
+    assert 2.0 <= temp_32k / temp_8k <= 4.5, (temp_8k, temp_32k)
+    assert temp_32k < 512 * 2**20  # measured 253 MiB; the dense mask alone would be 1 GiB

@@ -43,6 +43,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl import parallel
+from jaxrl.models import attention as attention_lib
 
 from jaxrl.models.hf_io import ATTENTION_IMPLS, DTYPES, PRESETS, REMAT_POLICIES, Qwen3Config  # noqa: F401
 
@@ -198,7 +199,10 @@ def attention(q, k, v, mask, impl: str = "xla"):
 
 
 def segment_mask(segment_ids):
-    """``[B, T]`` segment ids -> ``[B, T, T]`` causal, same-segment, non-padding (id != 0) mask."""
+    """``[B, T]`` segment ids -> ``[B, T, T]`` causal, same-segment, non-padding (id != 0) mask.
+
+    Quadratic in T: a reference for tests and short inputs; the training forward never builds it.
+    """
     T = segment_ids.shape[1]
     idx = jnp.arange(T)
     causal = idx[:, None] >= idx[None, :]
@@ -255,13 +259,22 @@ def hidden_states(params: dict, cfg: Qwen3Config, tokens, positions, segment_ids
         ``cumsum(mask) - 1`` for left-padded rows).
       segment_ids: ``[B, T]`` int32; 0 = padding, >0 = sequence id within the row. Attention is
         causal and never crosses segments, so right-, left-padded and packed rows all work.
+        It runs the kernel ``cfg.attention`` (:mod:`jaxrl.models.attention`), which never holds a
+        ``[T, T]`` mask or score matrix: memory grows linearly in T.
     """
     x = _embed(params, cfg, tokens)
     cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg.compute_dtype)
-    mask = segment_mask(segment_ids)
+
+    def attend(q, k, v):
+        out = attention_lib.causal_segment_attention(q, k, v, segment_ids, cfg.attention, cfg.attention_block)
+        return out, None
 
     def body(x, p):
-        x, _ = _layer(cfg, p, x, cos, sin, lambda q, k, v: (attention(q, k, v, mask, cfg.attention), None))
+        # The barrier keeps the saved per-layer input in the compute dtype: without it XLA may
+        # hoist the float32 convert of rms_norm out of the backward loop over the whole [L, B, T, E]
+        # stack of saved inputs (seen on CPU: 2x the stack's memory).
+        x = jax.lax.optimization_barrier(x)
+        x, _ = _layer(cfg, p, x, cos, sin, attend)
         return x, None
 
     x, _ = jax.lax.scan(_remat(body, cfg.remat), x, params["layers"])

@@ -44,7 +44,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.path = ""  # HF checkpoint directory; "" = the embedded default policy
     c.model.compute_dtype = "float32"  # "bfloat16" on accelerators; params are fp32 masters
     c.model.remat = "none"  # none | full | save_dots
-    c.model.attention_impl = "xla"  # xla | cudnn
+    c.model.attention_impl = "xla"  # xla (blocked flash, any backend) | cudnn (GPU) | splash (TPU)
     c.model.logprobs_chunk_size = 1024  # tokens per chunk of the chunked log-softmax
     c.model.preset = ""  # Qwen3 preset (e.g. "8B") used by `jaxrl.plan` when model.path is empty
 
@@ -317,8 +317,9 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
              f"unknown dtype {c.model.compute_dtype!r}", "use 'float32' or 'bfloat16'")
     _require(c.model.remat in ("none", "full", "save_dots"), "model.remat", f"unknown policy {c.model.remat!r}",
              "use 'none', 'full' or 'save_dots'")
-    _require(c.model.attention_impl in ("xla", "cudnn"), "model.attention_impl",
-             f"unknown implementation {c.model.attention_impl!r}", "use 'xla' (CPU/TPU) or 'cudnn' (GPU)")
+    _require(c.model.attention_impl in ("xla", "cudnn", "splash"), "model.attention_impl",
+             f"unknown implementation {c.model.attention_impl!r}",
+             "use 'xla' (any backend), 'cudnn' (NVIDIA GPU) or 'splash' (TPU)")
     if c.data.task == "dataset" and check_inputs:
         _require(bool(c.data.dataset_path) and os.path.exists(c.data.dataset_path), "data.dataset_path",
                  f"{c.data.dataset_path!r} does not exist", "point it at a .jsonl or .parquet prompt file")

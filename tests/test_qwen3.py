@@ -215,7 +215,7 @@ def test_gradients_chunked_vs_full_softmax_and_remat_policies(gqa4):
         return lp.sum() + 0.1 * (-(jnp.exp(ls) * ls).sum(-1)).sum()
 
     ref = jax.jit(jax.grad(full), static_argnums=1)(params, cfg)  # remat "none"
-    for remat in ("full", "save_dots"):
+    for remat in ("full", "save_dots", "save_attention", "save_dots_attention"):
         g = jax.jit(jax.grad(chunked), static_argnums=1)(params, cfg.replace(remat=remat))
         for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(ref)):
             a, b = np.asarray(a), np.asarray(b)

@@ -2,6 +2,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from jaxrl.models import qwen3
@@ -138,3 +139,42 @@ def test_attention_memory_is_linear_in_sequence_length():
     # 4x the tokens: linear growth gives a ratio <= 4 (fixed costs make it smaller); T^2 gives 16.
     assert 2.0 <= temp_32k / temp_8k <= 4.5, (temp_8k, temp_32k)
     assert temp_32k < 512 * 2**20  # measured 253 MiB; the dense mask alone would be 1 GiB
+
+
+def test_optimizer_offload_to_pinned_host_gives_identical_steps():
+    """trainer.optimizer.offload: Adam moments (and the fp32 master) kept in pinned host memory
+    between steps, streamed to the device for the update; same numbers as device-resident state."""
+    from jaxrl import parallel
+
+    mesh = parallel.make_mesh(2, 4, 1)
+    psh = parallel.param_shardings(qwen3.param_logical_axes(CFG), mesh)
+    params0 = qwen3.init_params(CFG, seed=4, shardings=psh)
+    batch = _with_old_logprobs(params0, _batch(seed=5))
+    lcfg = losses.LossConfig()
+    weights = losses.compute_loss_weights(batch["loss_mask"], lcfg)
+    tx, sched = step_lib.make_optimizer(1e-3, 10)
+    results = {}
+    for offload in step_lib.OFFLOAD_MODES:
+        moments_host, master_host = step_lib.offloaded(offload)
+        osh = parallel.opt_state_shardings(jax.eval_shape(tx.init, params0), params0, psh, mesh,
+                                           "pinned_host" if moments_host else None)
+        state_psh = parallel.with_memory_kind(psh, "pinned_host" if master_host else None)
+        p = jax.tree.map(lambda x, s: jax.device_put(np.asarray(x), s), params0, state_psh)
+        o = jax.jit(tx.init, out_shardings=osh)(p)
+        scfg = step_lib.StepConfig(loss=lcfg, num_micro_batches=2, chunk_size=8, offload=offload)
+        fn = jax.jit(lambda p, o, b, w: step_lib.train_step(p, o, b, w, model_cfg=CFG, step_cfg=scfg, tx=tx,
+                                                            schedule=sched),
+                     out_shardings=(state_psh, osh, None), donate_argnums=(0, 1))
+        with jax.set_mesh(mesh):
+            b = parallel.shard_batch(batch, mesh)
+            for _ in range(2):
+                p, o, met = fn(p, o, b, weights)
+        assert {x.sharding.memory_kind for x in jax.tree.leaves(p)} == {"pinned_host" if master_host else "device"}
+        mu = optax.tree_utils.tree_get(o, "mu")
+        assert {x.sharding.memory_kind for x in jax.tree.leaves(mu)} == {"pinned_host" if moments_host else "device"}
+        results[offload] = (p, o)
+    for offload in ("moments", "moments_and_master"):
+        for a, b in zip(jax.tree.leaves(results[offload]), jax.tree.leaves(results["none"])):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match="offload"):
+        step_lib.StepConfig(loss=lcfg, offload="gpu")

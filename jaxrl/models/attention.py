@@ -38,8 +38,12 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 DEFAULT_BLOCK = 512
+# checkpoint_name of the attention output and its log-sum-exp (see jaxrl.models.qwen3._remat).
+ATTENTION_OUT = "attention_out"
+ATTENTION_LSE = "attention_lse"
 _NEG_INF = -jnp.inf
 
 
@@ -143,6 +147,10 @@ def _flash(q, k, v, seg, scale):
 
 def _flash_fwd(q, k, v, seg, scale):
     out, lse = _flash_fwd_impl(q, k, v, seg, scale)
+    # Named so that a remat policy can keep them (remat='save_attention'): the backward pass then
+    # does not rerun the attention forward loop.
+    out = checkpoint_name(out, ATTENTION_OUT)
+    lse = checkpoint_name(lse, ATTENTION_LSE)
     return out, (q, k, v, seg, out, lse)
 
 
@@ -276,7 +284,8 @@ def splash_attention(q, k, v, segment_ids, block_size: int = DEFAULT_BLOCK, inte
     sizes = sk.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk, block_kv_dkv=blk,
                           block_kv_dkv_compute=blk, block_q_dq=blk, block_kv_dq=blk)
     kernel = sk.make_splash_mqa_single_device(sm.MultiHeadMask([sm.CausalMask((Tp, Tp))] * G),
-                                              block_sizes=sizes, interpret=interpret)
+                                              block_sizes=sizes, interpret=interpret,
+                                              residual_checkpoint_name=ATTENTION_OUT)
 
     def local(qh, kh, vh, seg):
         per_head = jax.vmap(lambda qg, kg, vg, s: kernel(qg, kg, vg, segment_ids=sk.SegmentIds(q=s, kv=s)),

@@ -37,7 +37,7 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # --------------------------------------------------------------------------------------------
 
 DTYPES = ("float32", "bfloat16")
-REMAT_POLICIES = ("none", "full", "save_dots")
+REMAT_POLICIES = ("none", "full", "save_dots", "save_attention", "save_dots_attention")
 ATTENTION_IMPLS = ("xla", "cudnn", "splash")
 
 
@@ -53,8 +53,10 @@ class Qwen3Config:
       dtype: compute dtype, ``'float32'`` or ``'bfloat16'``; params are always fp32 masters and
         are cast to this dtype for every matmul; logits/logprobs are always float32.
       remat: ``'none'`` (keep all activations), ``'full'`` (recompute each layer in the backward
-        pass; ``nothing_saveable``) or ``'save_dots'`` (keep matmul outputs without batch dims;
-        ``dots_with_no_batch_dims_saveable``).
+        pass; ``nothing_saveable``), ``'save_dots'`` (keep matmul outputs without batch dims;
+        ``dots_with_no_batch_dims_saveable``), ``'save_attention'`` (keep only the attention
+        output and log-sum-exp) or ``'save_dots_attention'`` (both); see
+        ``jaxrl.models.qwen3.remat_policy``.
       attention: training/logprob attention kernel (:mod:`jaxrl.models.attention`): ``'xla'``
         (blocked flash attention in plain JAX, any backend, any dtype), ``'cudnn'`` (fused cuDNN
         flash attention on NVIDIA GPUs; 16-bit dtypes) or ``'splash'`` (Pallas TPU kernel).

@@ -35,6 +35,7 @@ setup(
         "uvicorn>=0.29",
         "httpx>=0.27",
         "pyarrow>=15",
+        "tomli>=2.0; python_version < '3.11'",  # task.toml on Python 3.10 (tomllib from 3.11)
     ],
     extras_require={
         # Test dependencies. torch is pinned to the CPU wheel that lies on the dev/CI disk;

@@ -65,8 +65,10 @@ def base_config() -> ml_collections.ConfigDict:
     # ---- rollout generation ---------------------------------------------------------------
     c.generator = ml_collections.ConfigDict()
     c.generator.backend = "jax"  # jax (built-in engine sidecar) | vllm (external sidecars)
-    c.generator.sidecar_urls = ()  # for backend=vllm: base URLs of running sidecars
-    c.generator.num_sidecars = 1  # for backend=jax: sidecar processes to spawn
+    # Base URLs of running sidecars: required for backend=vllm; for backend=jax, external JAX
+    # sidecars (e.g. started by launch/slurm_job.sh --engine=jax) instead of spawning num_sidecars.
+    c.generator.sidecar_urls = ()
+    c.generator.num_sidecars = 1  # for backend=jax without sidecar_urls: sidecar processes to spawn
     c.generator.token_file = ""  # shared sidecar token; "" = workdir/.sidecar_token (created)
     c.generator.n_samples_per_prompt = 8
     c.generator.max_turns = 1

@@ -42,8 +42,10 @@ from jaxrl.train import step as step_lib
 from jaxrl.train.checkpoint import CheckpointStore
 from jaxrl.train.metrics import RewardEMA, RunLogger, plot_rewards, write_report
 
-# Keys that may differ between the rl_config.json of a run and the command that resumes it.
-RESUMABLE_CHANGES = ("trainer.num_steps", "trainer.optimizer.offload")  # offload: placement only
+# Keys that may differ between the rl_config.json of a run and the command that resumes it
+# (sidecar URLs: a resubmitted cluster job gets other nodes for its engines; the optimizer offload
+# only moves the state between device and host memory).
+RESUMABLE_CHANGES = ("trainer.num_steps", "generator.sidecar_urls", "trainer.optimizer.offload")
 
 # Fault injection for the kill tests: JAXRL_KILL_AT="<point>:<step>" makes the trainer SIGKILL
 # itself at that point of that step (points: "generate" = after the first rollout turn was
@@ -390,10 +392,12 @@ class Trainer:
     # -- sidecars -----------------------------------------------------------------------------
     def _start_sidecars(self):
         c = self.c
-        if c.generator.backend == "vllm":
-            self.client = SidecarClient(list(c.generator.sidecar_urls), token_file=self._token_file(), backend="vllm")
-            return
         rows = min(512, c.trainer.train_batch_size * c.generator.n_samples_per_prompt)
+        if c.generator.sidecar_urls:  # external sidecars (vLLM, or JAX ones started by launch/slurm_job.sh)
+            self.client = SidecarClient(list(c.generator.sidecar_urls), token_file=self._token_file(),
+                                        backend=c.generator.backend,
+                                        max_prompts_per_request=max(1, rows // c.generator.n_samples_per_prompt))
+            return
         max_seq = self._rollout_cfg().max_seq_len
         extra = ["--resume-latest", "--exit-with-parent", "--max-batch-rows", str(rows), "--max-seq-len", str(max_seq),
                  "--dtype", c.model.compute_dtype, "--log-level", "warning"]

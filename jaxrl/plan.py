@@ -7,8 +7,11 @@ The compiled program is the real one (`jaxrl.train.step.train_step`: forward, ch
 logprobs, the policy loss, micro-batch accumulation, AdamW update with donated params and
 optimizer state) over one mini-batch of `mini_batch_size * n_samples_per_prompt` sequences.
 Figures come from XLA's `memory_analysis()` of the CPU compilation: they are an estimate for
-GPU (the CPU pipeline all-reduces gradients in f32 instead of reduce-scattering, and XLA
-attention materializes [B, H, T, T] scores where cuDNN flash attention does not).
+GPU that errs high (the CPU pipeline all-reduces gradients in f32 instead of reduce-scattering,
+widens bf16 buffers to f32 where it lacks bf16 kernels — e.g. an f32 copy of the saved layer
+inputs — and compiles the blocked XLA attention, whose memory is linear in T like cuDNN's).
+With `trainer.optimizer.offload` the state kept in pinned host memory is reported separately and
+left out of the per-device total (the CPU analysis counts it with the arguments).
 """
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ _NUM_DEVICES = flags.DEFINE_integer("num_devices", 0, "Fake devices (0: the prod
                                     "or 8 when one axis is -1).")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 0, "Padded sequence length (0: the largest seq_len_bucket that "
                                 "max_seq_len / generator limits need).")
-_ATTENTION = flags.DEFINE_string("attention", "xla", "Attention implementation to compile on CPU (cuDNN is GPU-only).")
+_ATTENTION = flags.DEFINE_string("attention", "xla", "Attention implementation to compile on CPU (cuDNN is GPU-only; "
+                                 "the default blocked kernel's memory is linear in T, as cuDNN's).")
 
 
 def _gib(x: int) -> str:

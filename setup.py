@@ -46,6 +46,7 @@ setup(
             "nbclient>=0.10",
             "nbformat>=5.10",
             "ipykernel>=6.29",
+            "jsonschema>=4.0",  # the sidecar wire tests check bodies against the OpenAI schema
         ],
         # GPU clusters only: the vLLM rollout sidecar (separate environment from the trainer).
         "vllm": ["vllm>=0.10"],

@@ -206,7 +206,7 @@ start_trainer() {  # $1 = attempt (a fresh coordinator port each time)
     xla="${XLA_FLAGS:-} --xla_gpu_enable_latency_hiding_scheduler=true"; jax_platforms=${JAX_PLATFORMS:-}
   fi
   JAXRL_COORDINATOR_ADDRESS="$COORD_HOST:$((COORD_PORT + $1))" JAXRL_NUM_PROCESSES=$TRAIN_NODES \
-  XLA_FLAGS="$xla" JAX_PLATFORMS="$jax_platforms" XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9} \
+  XLA_FLAGS="$xla" JAX_PLATFORMS="$jax_platforms" \
   srun --nodes="$TRAIN_NODES" --ntasks="$TRAIN_NODES" --ntasks-per-node=1 --relative=0 --kill-on-bad-exit=1 \
     bash -c 'export JAXRL_PROCESS_ID=$SLURM_PROCID; exec python -m jaxrl.main "$@"' jaxrl-trainer "${main_args[@]}" &
   TRAIN_PID=$!

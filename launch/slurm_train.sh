@@ -48,7 +48,7 @@ URL_TUPLE="($(echo "$SIDECAR_URLS" | sed "s/[^,][^,]*/'&'/g"),)"
 
 # XLA GPU flags validated for jaxlib 0.10/0.11; an unknown flag aborts XLA.
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_latency_hiding_scheduler=true"
-export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}
+# The trainer's share of each GPU is trainer.gpu_memory_fraction (jaxrl.main sets XLA_PYTHON_CLIENT_MEM_FRACTION).
 export PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export JAXRL_COORDINATOR_ADDRESS="$COORD_HOST:$COORD_PORT"
 export JAXRL_NUM_PROCESSES=$SLURM_NNODES

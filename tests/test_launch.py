@@ -311,9 +311,12 @@ def test_vllm_layout_engines_per_gpu_group_and_trainer_arguments(tmp_path):
     assert rc == 0, text[-4000:]
     token = (wd / ".sidecar_token").read_text().strip()
     urls = []
+    recs = [json.loads(p.read_text()) for p in out.glob("vllm_*.json")]
+    # vLLM listens on loopback only; the jaxrl front is on the node's address (launch/vllm_sidecar.sh).
+    assert len(recs) == 4 and all(r["argv"][r["argv"].index("--host") + 1] == "127.0.0.1" for r in recs)
     for host in ("127.0.0.2", "127.0.0.3"):
         for e, gpus in ((0, "0,1"), (1, "2,3")):
-            rec = json.loads((out / f"vllm_{host}_{port + e}.json").read_text())
+            rec, = [r for r in recs if r["env"]["SLURMD_NODENAME"] == host and r["env"]["CUDA_VISIBLE_DEVICES"] == gpus]
             a = rec["argv"]
             assert a[:2] == ["serve", str(model)] and a[a.index("--tensor-parallel-size") + 1] == "2"
             assert a[-2:] == ["--max-model-len", "40960"]

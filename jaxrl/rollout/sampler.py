@@ -32,33 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl.buckets import pow2_buckets, round_up
 from jaxrl.models import qwen3
 from jaxrl.rollout import weight_sync
-from jaxrl.rollout.types import Completion, SamplingParams
-
-EngineRequest = tuple[Sequence[Sequence[int]], SamplingParams]
-
-
-def _pow2_buckets(lo: int, hi: int) -> tuple[int, ...]:
-    out, b = [], lo
-    while b < hi:
-        out.append(b)
-        b *= 2
-    out.append(hi)
-    return tuple(out)
-
-
-def round_up(n: int, buckets: Sequence[int], what: str) -> int:
-    """Smallest bucket >= n.
-
-    Raises:
-      ValueError: n exceeds the largest bucket (message names `what`).
-    """
-    for b in buckets:
-        if b >= n:
-            return b
-    raise ValueError(f"{what} = {n} exceeds the largest bucket {buckets[-1]}")
-
+from jaxrl.rollout.types import Completion, EngineRequest, SamplingParams
 
 # ---------------------------------------------------------------------------------------------
 # Token selection
@@ -190,9 +167,9 @@ class Sampler:
                  eos_token_ids: Sequence[int] = (), policy_version: int = 0):
         self.cfg = cfg
         self.max_seq_len = int(max_seq_len)
-        self.batch_buckets = tuple(sorted(batch_buckets or _pow2_buckets(1, max_batch_rows)))
-        self.prompt_buckets = tuple(sorted(prompt_buckets or _pow2_buckets(min(16, max_seq_len), max_seq_len)))
-        self.new_token_buckets = tuple(sorted(new_token_buckets or _pow2_buckets(min(16, max_seq_len), max_seq_len)))
+        self.batch_buckets = tuple(sorted(batch_buckets or pow2_buckets(1, max_batch_rows)))
+        self.prompt_buckets = tuple(sorted(prompt_buckets or pow2_buckets(min(16, max_seq_len), max_seq_len)))
+        self.new_token_buckets = tuple(sorted(new_token_buckets or pow2_buckets(min(16, max_seq_len), max_seq_len)))
         self.max_stop_ids = int(max_stop_ids)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.policy_version = int(policy_version)

@@ -178,3 +178,34 @@ def test_optimizer_offload_to_pinned_host_gives_identical_steps():
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     with pytest.raises(ValueError, match="offload"):
         step_lib.StepConfig(loss=lcfg, offload="gpu")
+
+
+def _dot_operand_dtypes(jaxpr, out):
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            out.add((str(eqn.invars[0].aval.dtype), str(eqn.invars[1].aval.dtype)))
+        for v in eqn.params.values():
+            for x in (v if isinstance(v, (tuple, list)) else [v]):
+                j = getattr(x, "jaxpr", x)
+                if hasattr(j, "eqns"):
+                    _dot_operand_dtypes(j, out)
+    return out
+
+
+def test_bf16_train_step_has_only_bf16_matmuls():
+    """Regression: the lm-head backward multiplied the float32 logits cotangent with the bf16 head
+    (a mixed float32 x bfloat16 matmul, which XLA runs as a float32 GEMM)."""
+    cfg = qwen3.Qwen3Config.preset("tiny", dtype="bfloat16", remat="full")
+    params = qwen3.abstract_params(cfg)
+    tx, sched = step_lib.make_optimizer(1e-3, 10)
+    scfg = step_lib.StepConfig(loss=losses.LossConfig(), num_micro_batches=2, chunk_size=8)
+    i32 = jax.ShapeDtypeStruct((4, 24), jnp.int32)
+    f32 = jax.ShapeDtypeStruct((4, 23), jnp.float32)
+    batch = dict(tokens=i32, positions=i32, segment_ids=i32, loss_mask=jax.ShapeDtypeStruct((4, 23), jnp.int32),
+                 advantages=f32, old_logprobs=f32)
+    weights = losses.LossWeights(policy=f32, token=f32, sequence_token=f32,
+                                 sequence=jax.ShapeDtypeStruct((4,), jnp.float32))
+    jaxpr = jax.make_jaxpr(lambda p, o, b, w: step_lib.train_step(p, o, b, w, model_cfg=cfg, step_cfg=scfg, tx=tx,
+                                                                  schedule=sched))(
+        params, jax.eval_shape(tx.init, params), batch, weights)
+    assert _dot_operand_dtypes(jaxpr.jaxpr, set()) == {("bfloat16", "bfloat16")}

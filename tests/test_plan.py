@@ -63,10 +63,8 @@ def test_plan_with_optimizer_offload_drops_the_moments_from_device_memory():
     base = plan(c, num_devices=8, seq_len=64)
     c.trainer.optimizer.offload = "moments"
     off = plan(c, num_devices=8, seq_len=64)
-    c.trainer.optimizer.offload = "moments_and_master"
-    both = plan(c, num_devices=8, seq_len=64)
     # Adam mu + nu in fp32, sharded over fsdp=4 (norm scales replicated: slightly more).
     moments = 2 * 4 * n_params / 4
     assert off["host_bytes"] >= moments and base["host_bytes"] == 0
     assert base["total_bytes"] - off["total_bytes"] >= moments
-    assert off["total_bytes"] - both["total_bytes"] >= moments / 2  # the fp32 master: half the moments
+    assert off["temp_bytes"] <= base["temp_bytes"] * 1.05

@@ -146,7 +146,7 @@ def test_optimizer_offload_to_pinned_host_gives_identical_steps():
     between steps, streamed to the device for the update; same numbers as device-resident state."""
     from jaxrl import parallel
 
-    mesh = parallel.make_mesh(2, 4, 1)
+    mesh = parallel.make_mesh(1, 2, 1, devices=jax.devices()[:2])
     psh = parallel.param_shardings(qwen3.param_logical_axes(CFG), mesh)
     params0 = qwen3.init_params(CFG, seed=4, shardings=psh)
     batch = _with_old_logprobs(params0, _batch(seed=5))
@@ -154,7 +154,7 @@ def test_optimizer_offload_to_pinned_host_gives_identical_steps():
     weights = losses.compute_loss_weights(batch["loss_mask"], lcfg)
     tx, sched = step_lib.make_optimizer(1e-3, 10)
     results = {}
-    for offload in step_lib.OFFLOAD_MODES:
+    for offload in ("none", "moments_and_master"):  # the latter runs both the moments and the master path
         moments_host, master_host = step_lib.offloaded(offload)
         osh = parallel.opt_state_shardings(jax.eval_shape(tx.init, params0), params0, psh, mesh,
                                            "pinned_host" if moments_host else None)
@@ -173,9 +173,8 @@ def test_optimizer_offload_to_pinned_host_gives_identical_steps():
         mu = optax.tree_utils.tree_get(o, "mu")
         assert {x.sharding.memory_kind for x in jax.tree.leaves(mu)} == {"pinned_host" if moments_host else "device"}
         results[offload] = (p, o)
-    for offload in ("moments", "moments_and_master"):
-        for a, b in zip(jax.tree.leaves(results[offload]), jax.tree.leaves(results["none"])):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for a, b in zip(jax.tree.leaves(results["moments_and_master"]), jax.tree.leaves(results["none"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     with pytest.raises(ValueError, match="offload"):
         step_lib.StepConfig(loss=lcfg, offload="gpu")
 

@@ -261,7 +261,9 @@ def test_best_checkpoint_survives_ties_restart_and_a_damaged_latest_checkpoint(t
     big = max(files, key=os.path.getsize)
     os.truncate(big, os.path.getsize(big) // 2)
     out = _main(wd, *args, "--config.trainer.num_steps=11")
-    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert out.returncode == 0, out.stderr[-3000:]
+    # Regression: Orbax's abandoned per-array reads printed "Exception ignored ... Traceback" blocks.
+    assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr[-3000:]
     warning = _stderr_lines(out, "damaged")
     assert len(warning) == 1 and "checkpoint 10 " in warning[0] and "resumed from step 5" in warning[0], warning
     assert os.path.isdir(os.path.join(wd, "checkpoints_damaged", "10"))

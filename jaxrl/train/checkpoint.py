@@ -16,7 +16,11 @@ exactly (all randomness derives from the seed and the step, so no RNG state is n
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
+import sys
+import types
 from typing import Any, Iterable, Optional
 
 import jax
@@ -159,6 +163,51 @@ class CheckpointStore:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+@contextlib.contextmanager
+def collect_unraisable():
+    """Collects the "Exception ignored in ..." reports (`sys.unraisablehook`) raised inside the
+    block instead of printing them; yields the list of `sys.UnraisableHookArgs`-like records.
+
+    A restore from a damaged checkpoint fails in one of Orbax's concurrent read coroutines; the
+    others are then closed and garbage-collected with the same error, which Python prints as a
+    long traceback per array (also while a later restore runs). The caller reports the damage in
+    one line and drops them, or prints them with `replay_unraisable` when nothing was damaged.
+    """
+    caught = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda args: caught.append(
+        types.SimpleNamespace(exc_type=args.exc_type, exc_value=args.exc_value, exc_traceback=args.exc_traceback,
+                              err_msg=args.err_msg, object=args.object))
+    try:
+        yield caught
+        gc.collect()  # finalize the abandoned coroutines now, inside the block
+    finally:
+        sys.unraisablehook = previous
+
+
+def replay_unraisable(caught) -> None:
+    """Prints records collected by `collect_unraisable` as Python's default hook would."""
+    import traceback
+
+    for args in caught:
+        print(f"{args.err_msg or 'Exception ignored in'}: {args.object!r}", file=sys.stderr)
+        traceback.print_exception(args.exc_type, args.exc_value, args.exc_traceback, file=sys.stderr)
+
+
+def silence_unraisable_about(paths: Iterable[str]) -> None:
+    """From now on, drops "Exception ignored in ..." reports whose exception names one of `paths`
+    (reads of a damaged checkpoint that Orbax abandoned and Python finalizes at some later point;
+    the damage has been reported in one line). Other reports reach the previous hook."""
+    paths = tuple(paths)
+    previous = sys.unraisablehook
+
+    def hook(args):
+        if not any(p in str(args.exc_value) for p in paths):
+            previous(args)
+
+    sys.unraisablehook = hook
 
 
 def is_damage_error(e: BaseException) -> bool:

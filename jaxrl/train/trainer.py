@@ -43,7 +43,8 @@ from jaxrl.rollout.client import SidecarClient, SidecarError
 from jaxrl.rollout.process import SidecarProcess
 from jaxrl.rollout.types import SamplingParams
 from jaxrl.train import step as step_lib
-from jaxrl.train.checkpoint import CheckpointStore, is_damage_error
+from jaxrl.train.checkpoint import (CheckpointStore, collect_unraisable, is_damage_error, replay_unraisable,
+                                   silence_unraisable_about)
 from jaxrl.train.metrics import RewardEMA, RunLogger, plot_rewards, write_report
 
 # Keys that may differ between the rl_config.json of a run and the command that resumes it
@@ -834,18 +835,23 @@ class Trainer:
         """
         steps = self.ckpt.all_steps()
         damaged = []
-        for step in reversed(steps):
-            try:
-                params, opt_state, ts = self._restore(step)
-                error = ""
-            except Exception as e:  # noqa: BLE001 - classified by is_damage_error
-                if not is_damage_error(e):
-                    raise
-                error = _one_line(e)
-            if _all_processes_ok(not error, f"resume_{step}"):
-                break
-            damaged.append((step, error or "unreadable on another process"))
+        with collect_unraisable() as library_noise:  # Orbax's per-array tracebacks of a failed read
+            for step in reversed(steps):
+                try:
+                    params, opt_state, ts = self._restore(step)
+                    error = ""
+                except Exception as e:  # noqa: BLE001 - classified by is_damage_error
+                    if not is_damage_error(e):
+                        raise
+                    error = _one_line(e)
+                if _all_processes_ok(not error, f"resume_{step}"):
+                    break
+                damaged.append((step, error or "unreadable on another process"))
+        if damaged:  # their abandoned reads may still be finalized later: keep them quiet
+            silence_unraisable_about(os.path.join(self.ckpt.directory, str(s)) + os.sep for s, _ in damaged)
         else:
+            replay_unraisable(library_noise)  # nothing to do with a damaged checkpoint: show it
+        if len(damaged) == len(steps):
             if not steps:
                 return None
             raise CheckpointError(

@@ -8,6 +8,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Protocol, Sequence
 
+# Values of `SamplingParams.logprobs_mode`.
+LOGPROBS_MODES = ("full", "sampled")
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -15,8 +18,9 @@ class SamplingParams:
 
     Attributes:
       max_tokens: maximum number of new tokens (the stop token counts as one). Must be >= 1.
-      temperature: softmax temperature (> 0). Logprobs are always log softmax(logits / temperature)
-        of the sampled token, float32, without top-p/top-k renormalisation (DESIGN.md §3).
+      temperature: softmax temperature (> 0). Logprobs are log softmax(logits / temperature)
+        of the sampled token, float32, without top-p/top-k renormalisation (DESIGN.md §3) unless
+        `logprobs_mode` is "sampled".
       top_p: nucleus mass in (0, 1]; 1.0 disables it.
       top_k: keep the k most likely tokens; 0 or -1 disables it.
       stop_token_ids: generation of a row ends right after it samples one of these ids (included
@@ -25,6 +29,12 @@ class SamplingParams:
       seed: per-request seed; the same seed, prompt and weights give the same tokens, whatever
         else is in the batch.
       greedy: argmax decoding (logprobs still use `temperature`).
+      logprobs_mode: which log-probability each completion reports for its tokens (float32):
+        ``"full"`` (default, DESIGN.md §3): log softmax(logits / temperature) over the full
+        vocabulary, the trainer's definition; ``"sampled"``: the log-probability under the
+        distribution actually sampled, i.e. after temperature, top-k and top-p, renormalised over
+        the kept set (vLLM's ``processed_logprobs``; for greedy rows the same filtered
+        distribution). Without top-p/top-k the two are equal.
     """
 
     max_tokens: int = 256
@@ -35,6 +45,7 @@ class SamplingParams:
     n: int = 1
     seed: Optional[int] = None
     greedy: bool = False
+    logprobs_mode: str = "full"
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -45,6 +56,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if self.n < 1:
             raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"SamplingParams.logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
 
 
 @dataclasses.dataclass

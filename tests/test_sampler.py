@@ -207,23 +207,22 @@ def test_compiles_a_bounded_number_of_programs(model):
     # (1,2) (1,4) (2,2) (2,4) (4,4); x 1 prompt bucket x 1 new-token bucket x 4 switch variants.
     assert s.group_buckets == (1, 2, 4)
     assert s.max_num_programs == 5 * 1 * 1 * 4
+    before = s.num_compiled  # programs are shared by the Samplers of one config (the fixture's too)
     rng = np.random.default_rng(0)
     requests = []
-    for i in range(14):
-        n_prompts = int(rng.integers(1, 4))
-        prompts = [rng.integers(0, 256, size=int(rng.integers(1, 17))).tolist() for _ in range(n_prompts)]
-        requests.append((prompts, SamplingParams(max_tokens=int(rng.integers(1, 9)), n=int(rng.integers(1, 3)),
-                                                 seed=i, temperature=float(rng.uniform(0.5, 1.5)))))
+    for i in range(6):
+        prompts = [rng.integers(0, 256, size=int(rng.integers(1, 17))).tolist() for _ in range(int(rng.integers(1, 4)))]
+        requests.append((prompts, SamplingParams(max_tokens=int(rng.integers(1, 9)), seed=i,
+                                                 temperature=float(rng.uniform(0.5, 1.5)))))
     for r in requests:
         out = s.generate(*r)
-        assert all(len(c.token_ids) <= r[1].max_tokens for g in out for c in g)
-    s.generate_requests(requests)  # 14 requests, 40+ rows: split into chunks of at most 4 rows
-    # All sampling, no filter, n <= 2: at most the 4 (R, B) pairs with R <= 2.
-    assert 1 <= s.num_compiled <= 4
-    compiled = s.num_compiled
+        assert all(1 <= len(c.token_ids) <= r[1].max_tokens for g in out for c in g)
+    s.generate_requests(requests)  # 6 requests, 12 rows: chunks of at most 4 rows
+    # n = 1, all sampling, no filter: one program per batch bucket, (R, B) = (1, 2) and (1, 4).
+    assert s.num_compiled - before == 2
     for r in requests[::-1]:
         s.generate(*r)
-    assert s.num_compiled == compiled
+    assert s.num_compiled - before == 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,13 +366,14 @@ def test_prefix_shared_engine_prefills_once_and_equals_the_unshared_one(model, m
     kw = dict(max_seq_len=48, batch_buckets=(8,), prompt_buckets=(32,), new_token_buckets=(16,))
     shared = Sampler(params, cfg, **kw)
     unshared = Sampler(params, cfg, share_prefix=False, **kw)
-    # n = 3: groups of R = 4 rows (one padding row each); top-k and a stop id exercise the rest.
-    req = (PROMPTS[1:3], SamplingParams(max_tokens=14, temperature=1.2, top_k=50, n=3, seed=7,
-                                        stop_token_ids=(5,)))
+    # n = 3: groups of R = 4 rows (one padding row each); a stop id ends some rows early.
+    req = (PROMPTS[1:3], SamplingParams(max_tokens=14, temperature=1.2, n=3, seed=7, stop_token_ids=(5,)))
     a = shared.generate(*req)
     assert prefill_rows == [2]  # 2 prompts x 3 samples: each prompt prefilled once
     b = unshared.generate(*req)
-    assert prefill_rows == [2, 8]  # one prefill per sample (6 rows, padded to 8)
+    assert unshared.group_buckets == (1,)
+    # One prefill per sample (6 rows, padded to 8); traced only if no earlier test compiled it.
+    assert prefill_rows[1:] in ([], [8])
     for ga, gb in zip(a, b):
         assert len(ga) == len(gb) == 3
         for ca, cb in zip(ga, gb):

@@ -37,6 +37,7 @@ at most `Sampler.max_num_programs` programs; `num_compiled` counts them.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import os
@@ -171,9 +172,13 @@ def select_tokens(logits, step_keys, temperature, top_p, top_k, greedy, logprobs
 # The compiled generation program
 # ---------------------------------------------------------------------------------------------
 
+# Programs traced so far, per model config (all Samplers of one config share the compiled programs).
+_NUM_COMPILED: collections.Counter = collections.Counter()
+
+
 def _generate(ep, tokens, token_mask, seeds, prompt_index, sample_index, temperature, top_p, top_k, greedy,
               logprobs_sampled, stop_ids, max_new, *, cfg: qwen3.Qwen3Config, rows_per_group: int, num_new: int,
-              filtered: bool, sampling: bool, on_trace=None):
+              filtered: bool, sampling: bool):
     """Prefill + decode loop.
 
     Shapes: tokens/token_mask ``[G, P]`` (one left-padded prompt per group); per-row ``[B]``
@@ -181,8 +186,7 @@ def _generate(ep, tokens, token_mask, seeds, prompt_index, sample_index, tempera
     ``[B, S]`` (-1 = unused); max_new ``[B]`` (0 = padding row). Returns tokens ``[B, N]`` int32,
     logprobs ``[B, N]`` float32, lengths ``[B]`` int32, stopped ``[B]`` bool (N = num_new).
     """
-    if on_trace is not None:
-        on_trace()
+    _NUM_COMPILED[cfg] += 1  # runs once per trace, i.e. per compiled program
     R, N = rows_per_group, num_new
     B = tokens.shape[0] * R
     row_keys = jax.vmap(lambda s, i, j: jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(s), i), j))(
@@ -194,39 +198,37 @@ def _generate(ep, tokens, token_mask, seeds, prompt_index, sample_index, tempera
     select = functools.partial(select_tokens, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
                                logprobs_sampled=logprobs_sampled, filtered=filtered, sampling=sampling)
 
-    def emit(s, logits):
-        """Selects token number s['step'] of every row from `logits` and records it."""
+    def cond(s):
+        return (s["step"] < N) & ~jnp.all(s["done"])
+
+    def body(s):
+        # Select token `step` of every row from the carried logits, record it, and run it through
+        # the model (position prompt_len + step, generated-cache slot step). After a row's last
+        # token that forward is wasted: one step per call, which costs less than compiling the
+        # selection twice (once before the loop) would.
         step = s["step"]
         keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, step)
-        tok, lp = select(logits, keys)
+        tok, lp = select(s["logits"], keys)
         active = ~s["done"]
         tok = jnp.where(active, tok, 0)
         lengths = s["lengths"] + active.astype(jnp.int32)
         hit_stop = active & jnp.any(tok[:, None] == stop_ids, axis=-1)
-        return dict(s, step=step + 1, tok=tok,
+        logits, gen_kv = qwen3.decode_step(ep, cfg, tok, prompt_len + step, prompt_kv, token_mask, s["gen_kv"], step)
+        return dict(step=step + 1, logits=logits, gen_kv=gen_kv,
                     out_tokens=jax.lax.dynamic_update_slice(s["out_tokens"], tok[:, None], (0, step)),
                     out_logprobs=jax.lax.dynamic_update_slice(s["out_logprobs"], jnp.where(active, lp, 0.0)[:, None],
                                                               (0, step)),
                     lengths=lengths, stopped=s["stopped"] | hit_stop,
                     done=s["done"] | hit_stop | (lengths >= max_new))
 
-    init = dict(step=jnp.int32(0), tok=jnp.zeros((B,), jnp.int32), gen_kv=qwen3.init_decode_cache(cfg, B, N),
-                out_tokens=jnp.zeros((B, N), jnp.int32), out_logprobs=jnp.zeros((B, N), jnp.float32),
-                lengths=jnp.zeros((B,), jnp.int32), stopped=jnp.zeros((B,), bool), done=max_new <= 0)
-    state = emit(init, logits)
-
-    def cond(s):
-        return (s["step"] < N) & ~jnp.all(s["done"])
-
-    def body(s):
-        # Feed token step-1 (position prompt_len + step - 1, generated-cache slot step - 1).
-        last = s["step"] - 1
-        logits, gen_kv = qwen3.decode_step(ep, cfg, s["tok"], prompt_len + last, prompt_kv, token_mask,
-                                           s["gen_kv"], last)
-        return emit(dict(s, gen_kv=gen_kv), logits)
-
+    state = dict(step=jnp.int32(0), logits=logits, gen_kv=qwen3.init_decode_cache(cfg, B, N),
+                 out_tokens=jnp.zeros((B, N), jnp.int32), out_logprobs=jnp.zeros((B, N), jnp.float32),
+                 lengths=jnp.zeros((B,), jnp.int32), stopped=jnp.zeros((B,), bool), done=max_new <= 0)
     s = jax.lax.while_loop(cond, body, state)
     return s["out_tokens"], s["out_logprobs"], s["lengths"], s["stopped"]
+
+
+_generate_jit = jax.jit(_generate, static_argnames=("cfg", "rows_per_group", "num_new", "filtered", "sampling"))
 
 
 @dataclasses.dataclass
@@ -277,11 +279,8 @@ class Sampler:
         top = self.batch_buckets[-1]
         self.group_buckets = tuple(r for r in _pow2_buckets(1, top) if r & (r - 1) == 0
                                    and any(b % r == 0 for b in self.batch_buckets)) if self.share_prefix else (1,)
-        self.num_compiled = 0
         self._lock = threading.Lock()
         self._convert = jax.jit(functools.partial(qwen3.engine_params, cfg=cfg))
-        self._fn = jax.jit(functools.partial(_generate, cfg=cfg, on_trace=self._on_trace),
-                           static_argnames=("rows_per_group", "num_new", "filtered", "sampling"))
         dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         dt = cfg.compute_dtype
         # The published (stacked) layout in the compute dtype: what set_params checks and
@@ -292,8 +291,11 @@ class Sampler:
         self._ep = self._convert(params)
         self.policy_version = int(policy_version)
 
-    def _on_trace(self):
-        self.num_compiled += 1
+    @property
+    def num_compiled(self) -> int:
+        """Generation programs compiled so far in this process for this model config (Samplers
+        of one config share their compiled programs)."""
+        return _NUM_COMPILED[self.cfg]
 
     @property
     def params(self) -> dict:
@@ -436,8 +438,8 @@ class Sampler:
         sampling = bool(np.any(live & ~greedy))
         with self._lock:
             ep, version = self._ep, self.policy_version
-        out = self._fn(ep, tokens, mask, seeds, pidx, sidx, temp, top_p, top_k, greedy, lp_sampled, stop, max_new,
-                       rows_per_group=R, num_new=N, filtered=filtered, sampling=sampling)
+        out = _generate_jit(ep, tokens, mask, seeds, pidx, sidx, temp, top_p, top_k, greedy, lp_sampled, stop, max_new,
+                            cfg=self.cfg, rows_per_group=R, num_new=N, filtered=filtered, sampling=sampling)
         toks, lps, lengths, stopped = jax.device_get(out)
         comps = []
         for gi, g in enumerate(groups):

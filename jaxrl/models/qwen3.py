@@ -510,16 +510,18 @@ def _engine_out(cfg: Qwen3Config, p: dict, x, attn):
 
 
 def prefill(ep: dict, cfg: Qwen3Config, tokens, token_mask):
-    """Runs left-padded prompts once and returns their KV cache and last-position logits.
+    """Runs padded prompts once and returns their KV cache and last-token logits.
 
     Args:
       ep: :func:`engine_params`.
-      tokens: ``[G, P]`` int32, each prompt right-aligned (left padding).
-      token_mask: ``[G, P]`` bool, True on prompt tokens.
+      tokens: ``[G, P]`` int32, one prompt per row, its tokens contiguous (the engine pads on the
+        right, so that the cache slot of a token is its position; left padding works too).
+      token_mask: ``[G, P]`` bool, True on prompt tokens (at least one per row for a meaningful
+        result; an empty row gives finite garbage).
     Returns:
-      ``(logits [G, V] float32, kv)``: the logits after the last prompt token, and ``kv`` a tuple
-      over layers of ``(k, v)``, each ``[G, Nkv, P, D]`` in the compute dtype (keys after
-      q/k-norm and RoPE; RoPE positions ``cumsum(token_mask) - 1``, so a prompt's cache does not
+      ``(logits [G, V] float32, kv)``: the logits after each row's last prompt token, and ``kv``
+      a tuple over layers of ``(k, v)``, each ``[G, Nkv, P, D]`` in the compute dtype (keys after
+      q/k-norm and RoPE at positions ``cumsum(token_mask) - 1``, so a prompt's cache does not
       depend on its padding). Pad slots hold values that :func:`decode_step` masks out.
 
     Attention is causal over the prompt's own tokens (:func:`attention`, ``cfg.attention``); it
@@ -540,7 +542,8 @@ def prefill(ep: dict, cfg: Qwen3Config, tokens, token_mask):
         a = attention(q, k, v, mask, cfg.attention)                             # [G, P, Nq, D]
         x = _engine_out(cfg, p, x, a.reshape(G, P, -1))
         kv.append((k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)))
-    h = rms_norm(x[:, -1], ep["norm"], cfg.rms_norm_eps)
+    last = P - 1 - jnp.argmax(token_mask[:, ::-1], axis=1)                      # last prompt token
+    h = rms_norm(jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0], ep["norm"], cfg.rms_norm_eps)
     logits = jnp.einsum("ge,ev->gv", h, _engine_head(ep, cfg), preferred_element_type=jnp.float32)
     return logits, tuple(kv)
 

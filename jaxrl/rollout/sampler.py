@@ -181,7 +181,7 @@ def _generate(ep, tokens, token_mask, seeds, prompt_index, sample_index, tempera
               filtered: bool, sampling: bool):
     """Prefill + decode loop.
 
-    Shapes: tokens/token_mask ``[G, P]`` (one left-padded prompt per group); per-row ``[B]``
+    Shapes: tokens/token_mask ``[G, P]`` (one right-padded prompt per group); per-row ``[B]``
     arrays with B = G * rows_per_group (row b continues prompt b // rows_per_group); stop_ids
     ``[B, S]`` (-1 = unused); max_new ``[B]`` (0 = padding row). Returns tokens ``[B, N]`` int32,
     logprobs ``[B, N]`` float32, lengths ``[B]`` int32, stopped ``[B]`` bool (N = num_new).
@@ -423,8 +423,8 @@ class Sampler:
         max_new = np.zeros(B, np.int32)  # pad rows: 0 = done before the first step
         for gi, g in enumerate(groups):
             L = len(g.prompt)
-            tokens[gi, P - L:] = g.prompt
-            mask[gi, P - L:] = True
+            tokens[gi, :L] = g.prompt  # right padding: a prompt token's cache slot is its position
+            mask[gi, :L] = True
             sp = g.params
             for r, j in enumerate(g.sample_indices):
                 b = gi * R + r

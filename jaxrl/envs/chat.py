@@ -21,10 +21,27 @@ Before them come the template's turn-closing tokens that follow an assistant mes
 `<|im_end|>\\n`) minus the stop token the model already sampled (so `\\n`), derived once from the
 template by rendering a sentinel assistant message. This is the same as SkyRL's
 `use_conversation_multi_turn` path (fixed base conversation stripped), applied at token level.
+
+Untrusted text never becomes a control token. Every string inside the messages and tool schemas
+(content from users, tasks and dataset rows, tool results, sandbox observations, tool-call
+arguments, tool descriptions, even roles) is text: a `<|im_end|>`, `<|im_start|>`, `<tool_call>`,
+`<think>`, ... typed inside it is encoded as the characters it is made of, never as the added
+token's id. Only the chat template's own markup produces those ids. How: before rendering, every
+occurrence of an added-token string in those strings is replaced by a placeholder (private-use
+characters around a number); the template renders the conversation; the result is split at the
+added-token strings that remain (all of them written by the template), each of those becomes its
+id, and every run of text between them gets its placeholders restored and is encoded with the
+tokenizer's normalizer, pre-tokenizer and BPE model only (`encode_plain_text`). Consequences:
+the template cannot see a control string in text either (an assistant message whose `content`
+holds `<think>...</think>` is rendered as plain content; give past reasoning in
+`reasoning_content` and past calls in `tool_calls`, which the template renders as markup). Text
+without any added-token string is encoded exactly as before (`tokenizer.encode` of the rendering);
+the constructor checks that both paths agree on a probe conversation.
 """
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Optional, Sequence
 
 Message = dict[str, Any]
@@ -35,6 +52,10 @@ DEFAULT_POLICY_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspat
 
 _ANCHOR: list[Message] = [{"role": "user", "content": "x"}]
 _SENTINEL = "\x00jaxrl-assistant-sentinel\x00"
+# Placeholders for control strings found in untrusted text: "\ue000<k>\ue001" (Unicode private-use
+# characters, which JSON (`tojson`) and the templates pass through unchanged).
+_PH_OPEN, _PH_CLOSE = "\ue000", "\ue001"
+_PH_RE = re.compile(_PH_OPEN + r"(\d+)" + _PH_CLOSE)
 
 
 def load_tokenizer(path: str):
@@ -99,7 +120,19 @@ class ChatTemplate:
             raise ValueError("ChatTemplate: the tokenizer has no eos token; set eos_token in tokenizer_config.json")
         self.stop_token_ids: tuple[int, ...] = tuple(stop)
         self.turn_end_id: int = stop[0]
+        if getattr(tokenizer, "backend_tokenizer", None) is None:
+            raise ValueError("ChatTemplate: needs a fast (tokenizers-backed) tokenizer, to encode untrusted text "
+                             "without matching control tokens; load it with AutoTokenizer (use_fast=True)")
+        added = {str(t): int(i) for i, t in tokenizer.added_tokens_decoder.items()}
+        # Longest first, so that a control string that contains another one wins (regex alternation).
+        self.control_strings: tuple[str, ...] = tuple(sorted(added, key=lambda t: (-len(t), t)))
+        self._control_ids = added
+        self._control_id_set = frozenset(added.values())
+        alternation = "|".join(re.escape(t) for t in self.control_strings)
+        self._control_re = re.compile(alternation) if added else None
+        self._defuse_re = re.compile("|".join(filter(None, [alternation, re.escape(_PH_OPEN), re.escape(_PH_CLOSE)])))
         self._turn_close = self._derive_turn_close()
+        self._check_structured_encoding()
 
     @classmethod
     def from_pretrained(cls, path: str, enable_thinking: bool = False) -> "ChatTemplate":
@@ -115,8 +148,32 @@ class ChatTemplate:
             add_generation_prompt=add_generation_prompt, enable_thinking=self.enable_thinking)
 
     def encode_text(self, text: str) -> list[int]:
-        """Token ids of `text` (special-token strings become their ids; no BOS/EOS added)."""
+        """Token ids of TRUSTED `text`: added-token strings (`<|im_end|>`, `<tool_call>`, ...) become their
+        ids; no BOS/EOS added. Use it for template markup and model output only; text from users,
+        tasks, tools or a sandbox goes through `encode_prompt` / `encode_observation` /
+        `encode_plain_text`."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_plain_text(self, text: str) -> list[int]:
+        """Token ids of `text` as text: no added-token matching, so `<|im_end|>` typed in it is encoded
+        as the characters `<`, `|`, `im`, ... (the tokenizer's normalizer, pre-tokenizer and BPE model;
+        for text without added-token strings this equals `encode_text`).
+
+        Raises:
+          ValueError: the tokenizer's BPE model itself produced an added-token id (a vocabulary that
+            also holds a control token as an ordinary token); such a tokenizer cannot keep text
+            apart from control tokens.
+        """
+        backend = self.tokenizer.backend_tokenizer
+        normalized = backend.normalizer.normalize_str(text) if backend.normalizer is not None else text
+        pieces = ([p for p, _ in backend.pre_tokenizer.pre_tokenize_str(normalized)]
+                  if backend.pre_tokenizer is not None else [normalized])
+        ids = [t.id for piece in pieces for t in backend.model.tokenize(piece)]
+        leaked = self._control_id_set.intersection(ids)
+        if leaked:
+            raise ValueError(f"encode_plain_text: the tokenizer's BPE model encodes text as the control token id(s) "
+                             f"{sorted(leaked)}; it cannot keep untrusted text apart from control tokens")
+        return ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of generated ids with special tokens (`<|im_end|>`, ...) removed.
@@ -137,7 +194,19 @@ class ChatTemplate:
         if messages[-1].get("role") == "assistant":
             raise ValueError("encode_prompt: the last message is an assistant turn; the prompt must end "
                              "with a user, system or tool message")
-        return self.encode_text(self.render(messages, tools, add_generation_prompt=True))
+        return self.encode_conversation(messages, tools, add_generation_prompt=True)
+
+    def encode_conversation(self, messages: Sequence[Message], tools: Optional[Sequence[dict]] = None,
+                            add_generation_prompt: bool = True) -> list[int]:
+        """Ids of the template rendering of `messages` (+ `tools`), with every string inside them
+        encoded as text: only the template's own markup produces added-token ids (module docstring).
+
+        Raises:
+          ValueError: the rendering contains a placeholder character the template wrote itself, or the
+            tokenizer cannot encode text apart from control tokens (`encode_plain_text`).
+        """
+        text, originals = self._render_defused(messages, tools, add_generation_prompt)
+        return self._encode_rendered(text, originals)
 
     def encode_observation(self, new_messages: Sequence[Message], last_token_id: Optional[int],
                            tools: Optional[Sequence[dict]] = None) -> list[int]:
@@ -161,10 +230,11 @@ class ChatTemplate:
             if m.get("role") not in ("user", "tool", "system"):
                 raise ValueError(f"encode_observation: observation role must be user, tool or system, "
                                  f"got {m.get('role')!r}")
-        anchor_text = self.render(_ANCHOR, tools, add_generation_prompt=False)
-        full_text = self.render(_ANCHOR + list(new_messages), tools, add_generation_prompt=True)
-        anchor_ids = self.encode_text(anchor_text)
-        full_ids = self.encode_text(full_text)
+        anchor_text, anchor_originals = self._render_defused(_ANCHOR, tools, add_generation_prompt=False)
+        full_text, full_originals = self._render_defused(_ANCHOR + list(new_messages), tools,
+                                                         add_generation_prompt=True)
+        anchor_ids = self._encode_rendered(anchor_text, anchor_originals)
+        full_ids = self._encode_rendered(full_text, full_originals)
         if not full_text.startswith(anchor_text) or full_ids[:len(anchor_ids)] != anchor_ids:
             raise ValueError("encode_observation: the chat template's rendering of the anchor conversation "
                              "is not a token prefix of its rendering with the new messages; this template "
@@ -173,6 +243,74 @@ class ChatTemplate:
         if last_token_id == self.turn_end_id:
             closing = closing[len(self.tokenizer.convert_ids_to_tokens(self.turn_end_id)):]
         return self.encode_text(closing) + full_ids[len(anchor_ids):]
+
+    # ---- untrusted text (module docstring) -----------------------------------------------------
+    def _render_defused(self, messages: Sequence[Message], tools: Optional[Sequence[dict]],
+                        add_generation_prompt: bool) -> tuple[str, list[str]]:
+        """Renders with every control string inside messages / tools replaced by a placeholder.
+
+        Returns the rendering and the replaced strings (placeholder k stands for originals[k]).
+        Tools are defused first, so the same tools get the same placeholders in every call.
+        """
+        originals: list[str] = []
+
+        def sub(match: re.Match) -> str:
+            originals.append(match.group(0))
+            return f"{_PH_OPEN}{len(originals) - 1}{_PH_CLOSE}"
+
+        def defuse(x: Any) -> Any:
+            if isinstance(x, str):
+                return self._defuse_re.sub(sub, x)
+            if isinstance(x, dict):
+                return {defuse(k): defuse(v) for k, v in x.items()}
+            if isinstance(x, (list, tuple)):
+                return type(x)(defuse(v) for v in x)
+            return x
+
+        safe_tools = defuse(list(tools)) if tools else None
+        safe_messages = [defuse(dict(m)) for m in messages]
+        return self.render(safe_messages, safe_tools, add_generation_prompt=add_generation_prompt), originals
+
+    def _encode_rendered(self, text: str, originals: list[str]) -> list[int]:
+        """Ids of a defused rendering: template control strings -> ids, runs between them -> text."""
+        if not originals:
+            # Every control string in `text` is the template's: the tokenizer's own encoding is exact.
+            if _PH_OPEN in text or _PH_CLOSE in text:
+                raise ValueError("ChatTemplate: the chat template writes the placeholder characters U+E000/U+E001 "
+                                 "itself; untrusted text cannot be kept apart from its markup")
+            return self.encode_text(text)
+        return self._encode_split(text, originals)
+
+    def _encode_split(self, text: str, originals: list[str]) -> list[int]:
+        ids: list[int] = []
+        pos = 0
+        for match in self._control_re.finditer(text) if self._control_re is not None else ():
+            ids += self._encode_run(text[pos:match.start()], originals)
+            ids.append(self._control_ids[match.group(0)])
+            pos = match.end()
+        ids += self._encode_run(text[pos:], originals)
+        return ids
+
+    def _encode_run(self, run: str, originals: list[str]) -> list[int]:
+        if not run:
+            return []
+        bare = _PH_RE.sub("", run)
+        if _PH_OPEN in bare or _PH_CLOSE in bare:
+            raise ValueError("ChatTemplate: the chat template altered a placeholder (or writes U+E000/U+E001 "
+                             "itself); untrusted text cannot be kept apart from its markup")
+        return self.encode_plain_text(_PH_RE.sub(lambda m: originals[int(m.group(1))], run))
+
+    def _check_structured_encoding(self) -> None:
+        """The split-at-markup encoding must equal the tokenizer's own on text without untrusted control
+        strings (it does when added tokens match exactly, with no lstrip/rstrip/normalization)."""
+        probe = _ANCHOR + [{"role": "assistant", "content": "a b\n\n c"}, {"role": "user", "content": " y\n"}]
+        text = self.render(probe, add_generation_prompt=True)
+        direct = self.encode_text(text)
+        split = self._encode_split(text, [])
+        if split != direct:
+            raise ValueError("ChatTemplate: this tokenizer matches its added tokens in a way that cannot be "
+                             "reproduced when splitting at the template's markup (lstrip/rstrip/single_word/"
+                             "normalized added tokens); untrusted text cannot be encoded safely with it")
 
     def _derive_turn_close(self) -> str:
         """Text the template puts after an assistant message's content (Qwen3: `<|im_end|>\\n`)."""

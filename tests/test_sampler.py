@@ -382,13 +382,14 @@ def test_prefix_shared_engine_prefills_once_and_equals_the_unshared_one(model, m
     assert len({tuple(c.token_ids) for g in a for c in g}) == 6  # distinct samples
 
 
-def test_prefill_and_grouped_decode_steps_equal_the_full_forward(model, full_logits):
+def test_prefill_and_decode_steps_equal_the_full_forward(model, full_logits):
     """The engine's model path alone: prefill of right- and left-padded prompts, then decode steps
-    of R = 2 rows per prompt feeding different tokens, against the plain forward of each row."""
+    in both cache layouts (shared: R = 2 rows per prompt feeding different tokens; row: one row
+    per prompt), against the plain forward of each row's sequence."""
     cfg, params = model
     ep = qwen3.engine_params(params, cfg)
-    prompts, P, R, steps = [[3, 1, 4, 1, 5], [9, 2, 6]], 8, 2, 3
-    fed = [[7, 8, 9], [10, 11, 12], [13, 14, 15], [16, 17, 18]]  # row b = group b // R
+    prompts, P, steps = [[3, 1, 4, 1, 5], [9, 2, 6]], 8, 3
+    fed = [[7, 8, 9], [10, 11, 12], [13, 14, 15], [16, 17, 18]]
     for side in ("right", "left"):
         tokens, mask = np.zeros((2, P), np.int32), np.zeros((2, P), bool)
         for g, p in enumerate(prompts):
@@ -397,11 +398,14 @@ def test_prefill_and_grouped_decode_steps_equal_the_full_forward(model, full_log
         logits, pkv = qwen3.prefill(ep, cfg, tokens, mask)
         for g, p in enumerate(prompts):
             np.testing.assert_allclose(logits[g], full_logits(p)[-1], atol=1e-5, rtol=0)
-        gen = qwen3.init_decode_cache(cfg, 4, steps)
-        plen = np.repeat([len(p) for p in prompts], R)
-        for t in range(steps):
-            tok = np.array([f[t] for f in fed], np.int32)
-            out, gen = qwen3.decode_step(ep, cfg, tok, plen + t, pkv, mask, gen, t)
-            for b in range(4):
-                want = full_logits(prompts[b // R] + fed[b][:t + 1])[-1]
-                np.testing.assert_allclose(out[b], want, atol=1e-5, rtol=0, err_msg=f"{side} row {b} step {t}")
+        for R in (2, 1):  # row b continues prompt b // R
+            rows = fed[:2 * R]
+            shared, gen = (pkv, qwen3.init_decode_cache(cfg, 2 * R, steps)) if R > 1 else (None,
+                                                                                          qwen3.row_cache(pkv, steps))
+            plen = np.repeat([len(p) for p in prompts], R)
+            for t in range(steps):
+                tok = np.array([f[t] for f in rows], np.int32)
+                out, gen = qwen3.decode_step(ep, cfg, tok, plen + t, shared, mask, gen, t)
+                for b in range(2 * R):
+                    want = full_logits(prompts[b // R] + rows[b][:t + 1])[-1]
+                    np.testing.assert_allclose(out[b], want, atol=1e-5, rtol=0, err_msg=f"{side} R={R} row {b} t={t}")

@@ -587,37 +587,72 @@ def _decode_attention(q, kp, vp, prompt_valid, kg, vg, gen_valid):
     return o.astype(q.dtype).reshape(B, Nq * D)
 
 
-def decode_step(ep: dict, cfg: Qwen3Config, tokens, positions, prompt_kv: tuple, prompt_valid,
-                gen_kv: tuple, step):
-    """One new token per row against a shared prompt cache and a per-row generated-token cache.
+def row_cache(prompt_kv: tuple, max_new: int) -> tuple:
+    """One cache per row, prompt and generated tokens together (for groups of one row): per layer
+    ``(k, v)`` ``[B, Nkv, P + max_new, D]``, slots ``[0, P)`` from :func:`prefill` (B = G), the
+    rest zero. Pass it as ``gen_kv`` to :func:`decode_step` with ``prompt_kv=None``."""
+    def grow(x):
+        return jnp.concatenate([x, jnp.zeros(x.shape[:2] + (max_new,) + x.shape[3:], x.dtype)], axis=2)
+
+    return tuple((grow(k), grow(v)) for k, v in prompt_kv)
+
+
+def _decode_attention_rows(q, k, v, valid):
+    """Softmax attention of one new token per row over the row's own cache (GQA; Vaswani et al.
+    2017, eq. 1): q ``[B, Nq, D]``, k/v ``[B, Nkv, C, D]``, valid ``[B, C]``. Scores and softmax
+    in float32, probabilities cast to the cache dtype for the value matmul. Returns ``[B, Nq·D]``."""
+    B, Nq, D = q.shape
+    Nkv = k.shape[1]
+    s = jnp.einsum("bkqd,bkcd->bkqc", q.reshape(B, Nkv, Nq // Nkv, D), k, preferred_element_type=jnp.float32)
+    s = jnp.where(valid[:, None, None, :], s * D ** -0.5, jnp.finfo(jnp.float32).min)
+    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+    o = jnp.einsum("bkqc,bkcd->bkqd", p, v, preferred_element_type=jnp.float32)
+    return o.astype(q.dtype).reshape(B, Nq * D)
+
+
+def decode_step(ep: dict, cfg: Qwen3Config, tokens, positions, prompt_kv, prompt_valid, gen_kv: tuple, step):
+    """One new token per row against the KV cache; two cache layouts.
 
     Args:
       ep: :func:`engine_params`.
       tokens: ``[B]`` int32, the token fed at this step; positions: ``[B]`` int32, its RoPE position.
-      prompt_kv: from :func:`prefill`, per layer ``(k, v)`` ``[G, Nkv, P, D]``; B must be a
-        multiple of G, and rows ``[g·R, (g+1)·R)`` (R = B // G) continue prompt g.
-      prompt_valid: ``[G, P]`` bool, the prompt's slots (the prefill's ``token_mask``).
-      gen_kv: from :func:`init_decode_cache` or the previous step, per layer ``(k, v)``
-        ``[B, Nkv, N, D]``.
-      step: int32 scalar in ``[0, N)``: this token's K/V go to slot ``step``; the token attends to
-        its prompt and to its own slots ``[0, step]``.
+      prompt_kv: shared layout: from :func:`prefill`, per layer ``(k, v)`` ``[G, Nkv, P, D]``; B
+        must be a multiple of G, and rows ``[g·R, (g+1)·R)`` (R = B // G) continue prompt g, so a
+        prompt's cache is stored and read once for its R samples. None: row layout (below).
+      prompt_valid: ``[G, P]`` bool, the prompt's slots (the prefill's ``token_mask``; G = B in
+        the row layout).
+      gen_kv: shared layout: per layer ``(k, v)`` ``[B, Nkv, N, D]`` from
+        :func:`init_decode_cache` or the previous step; the token goes to slot ``step``. Row
+        layout: ``[B, Nkv, P + N, D]`` from :func:`row_cache`; the token goes to slot
+        ``P + step``.
+      step: int32 scalar in ``[0, N)``, the number of tokens generated before this one: the token
+        attends to its prompt and to the generated slots up to its own.
     Returns:
-      ``(logits [B, V] float32, gen_kv)`` with slot ``step`` written (an in-place update when the
-      caches are loop state or donated).
+      ``(logits [B, V] float32, gen_kv)`` with this token's K/V written (an in-place update when
+      the caches are loop state or donated). Both layouts give the same values (one softmax over
+      prompt and generated slots).
     """
-    B = tokens.shape[0]
     dt = cfg.compute_dtype
-    N = gen_kv[0][0].shape[2]
+    P = prompt_valid.shape[1]
+    C = gen_kv[0][0].shape[2]
     step = jnp.asarray(step, jnp.int32)
-    gen_valid = jnp.arange(N) <= step
+    offset = 0 if prompt_kv is not None else P
+    gen_valid = jnp.arange(C - offset) <= step
+    if prompt_kv is None:
+        valid = jnp.concatenate([prompt_valid.astype(bool), jnp.broadcast_to(gen_valid, (len(tokens), C - P))], 1)
     cos, sin = rope_cos_sin(positions[:, None], cfg.head_dim, cfg.rope_theta, dt)   # [B, 1, D]
     x = jnp.take(ep["embed_tokens"], tokens, axis=0)                                 # [B, E]
     new_kv = []
-    for p, (kp, vp), (kg, vg) in zip(ep["layers"], prompt_kv, gen_kv):
+    for i, p in enumerate(ep["layers"]):
+        kg, vg = gen_kv[i]
         q, k, v = _engine_qkv(cfg, p, x, cos, sin)                                  # [B, N*, D]
-        kg = jax.lax.dynamic_update_slice(kg, k[:, :, None].astype(kg.dtype), (0, 0, step, 0))
-        vg = jax.lax.dynamic_update_slice(vg, v[:, :, None].astype(vg.dtype), (0, 0, step, 0))
-        x = _engine_out(cfg, p, x, _decode_attention(q, kp, vp, prompt_valid, kg, vg, gen_valid))
+        kg = jax.lax.dynamic_update_slice(kg, k[:, :, None].astype(kg.dtype), (0, 0, offset + step, 0))
+        vg = jax.lax.dynamic_update_slice(vg, v[:, :, None].astype(vg.dtype), (0, 0, offset + step, 0))
+        if prompt_kv is None:
+            a = _decode_attention_rows(q, kg, vg, valid)
+        else:
+            a = _decode_attention(q, prompt_kv[i][0], prompt_kv[i][1], prompt_valid, kg, vg, gen_valid)
+        x = _engine_out(cfg, p, x, a)
         new_kv.append((kg, vg))
     h = rms_norm(x, ep["norm"], cfg.rms_norm_eps)
     logits = jnp.einsum("be,ev->bv", h, _engine_head(ep, cfg), preferred_element_type=jnp.float32)

@@ -213,7 +213,7 @@ def _generate(ep, tokens, token_mask, seeds, prompt_index, sample_index, tempera
         tok = jnp.where(active, tok, 0)
         lengths = s["lengths"] + active.astype(jnp.int32)
         hit_stop = active & jnp.any(tok[:, None] == stop_ids, axis=-1)
-        logits, gen_kv = qwen3.decode_step(ep, cfg, tok, prompt_len + step, prompt_kv, token_mask, s["gen_kv"], step)
+        logits, gen_kv = qwen3.decode_step(ep, cfg, tok, prompt_len + step, shared_kv, token_mask, s["gen_kv"], step)
         return dict(step=step + 1, logits=logits, gen_kv=gen_kv,
                     out_tokens=jax.lax.dynamic_update_slice(s["out_tokens"], tok[:, None], (0, step)),
                     out_logprobs=jax.lax.dynamic_update_slice(s["out_logprobs"], jnp.where(active, lp, 0.0)[:, None],
@@ -221,7 +221,11 @@ def _generate(ep, tokens, token_mask, seeds, prompt_index, sample_index, tempera
                     lengths=lengths, stopped=s["stopped"] | hit_stop,
                     done=s["done"] | hit_stop | (lengths >= max_new))
 
-    state = dict(step=jnp.int32(0), logits=logits, gen_kv=qwen3.init_decode_cache(cfg, B, N),
+    # Groups of one row keep prompt and generated tokens in one cache per row (one attention
+    # matmul instead of two); larger groups read their prompt's cache once for all R rows.
+    shared_kv = prompt_kv if R > 1 else None
+    gen_kv = qwen3.init_decode_cache(cfg, B, N) if R > 1 else qwen3.row_cache(prompt_kv, N)
+    state = dict(step=jnp.int32(0), logits=logits, gen_kv=gen_kv,
                  out_tokens=jnp.zeros((B, N), jnp.int32), out_logprobs=jnp.zeros((B, N), jnp.float32),
                  lengths=jnp.zeros((B,), jnp.int32), stopped=jnp.zeros((B,), bool), done=max_new <= 0)
     s = jax.lax.while_loop(cond, body, state)

@@ -390,12 +390,14 @@ def test_prefill_and_decode_steps_equal_the_full_forward(model, full_logits):
     ep = qwen3.engine_params(params, cfg)
     prompts, P, steps = [[3, 1, 4, 1, 5], [9, 2, 6]], 8, 3
     fed = [[7, 8, 9], [10, 11, 12], [13, 14, 15], [16, 17, 18]]
+    prefill = jax.jit(lambda ep, t, m: qwen3.prefill(ep, cfg, t, m))
+    decode = jax.jit(lambda ep, t, pos, pkv, m, gen, i: qwen3.decode_step(ep, cfg, t, pos, pkv, m, gen, i))
     for side in ("right", "left"):
         tokens, mask = np.zeros((2, P), np.int32), np.zeros((2, P), bool)
         for g, p in enumerate(prompts):
             sl = slice(0, len(p)) if side == "right" else slice(P - len(p), P)
             tokens[g, sl], mask[g, sl] = p, True
-        logits, pkv = qwen3.prefill(ep, cfg, tokens, mask)
+        logits, pkv = prefill(ep, tokens, mask)
         for g, p in enumerate(prompts):
             np.testing.assert_allclose(logits[g], full_logits(p)[-1], atol=1e-5, rtol=0)
         for R in (2, 1):  # row b continues prompt b // R
@@ -405,7 +407,7 @@ def test_prefill_and_decode_steps_equal_the_full_forward(model, full_logits):
             plen = np.repeat([len(p) for p in prompts], R)
             for t in range(steps):
                 tok = np.array([f[t] for f in rows], np.int32)
-                out, gen = qwen3.decode_step(ep, cfg, tok, plen + t, shared, mask, gen, t)
+                out, gen = decode(ep, tok, plen + t, shared, mask, gen, t)
                 for b in range(2 * R):
                     want = full_logits(prompts[b // R] + rows[b][:t + 1])[-1]
                     np.testing.assert_allclose(out[b], want, atol=1e-5, rtol=0, err_msg=f"{side} R={R} row {b} t={t}")

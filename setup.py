@@ -35,6 +35,7 @@ setup(
         "uvicorn>=0.29",
         "httpx>=0.27",
         "pyarrow>=15",
+        "tomli>=2.0; python_version < '3.11'",  # task.toml on Python 3.10 (tomllib from 3.11)
     ],
     extras_require={
         # Test dependencies. torch is pinned to the CPU wheel that lies on the dev/CI disk;
@@ -45,6 +46,7 @@ setup(
             "nbclient>=0.10",
             "nbformat>=5.10",
             "ipykernel>=6.29",
+            "jsonschema>=4.0",  # the sidecar wire tests check bodies against the OpenAI schema
         ],
         # GPU clusters only: the vLLM rollout sidecar (separate environment from the trainer).
         "vllm": ["vllm>=0.10"],

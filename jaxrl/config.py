@@ -65,12 +65,25 @@ def base_config() -> ml_collections.ConfigDict:
     # ---- rollout generation ---------------------------------------------------------------
     c.generator = ml_collections.ConfigDict()
     c.generator.backend = "jax"  # jax (built-in engine sidecar) | vllm (external sidecars)
-    c.generator.sidecar_urls = ()  # for backend=vllm: base URLs of running sidecars
-    c.generator.num_sidecars = 1  # for backend=jax: sidecar processes to spawn
+    # Base URLs of running sidecars: required for backend=vllm; for backend=jax, external JAX
+    # sidecars (e.g. started by launch/slurm_job.sh --engine=jax) instead of spawning num_sidecars.
+    c.generator.sidecar_urls = ()
+    c.generator.num_sidecars = 1  # for backend=jax without sidecar_urls: sidecar processes to spawn
     c.generator.token_file = ""  # shared sidecar token; "" = workdir/.sidecar_token (created)
+    # Logprob definition of the rollout engines (rollout/logprob_modes.py), one per run: "full" =
+    # log softmax(logits / T) over the whole vocabulary (DESIGN.md §3, the trainer's definition);
+    # "sampled" = under the distribution actually sampled (after top-k/top-p, renormalised).
+    c.generator.logprobs_mode = "full"
+    # GPU memory (jaxrl/gpu_memory.py): each sidecar engine's share of every GPU it shares with the
+    # trainer (a JAX sidecar's XLA memory fraction; vLLM's --gpu-memory-utilization when
+    # colocate_with_trainer puts vLLM on the trainer's GPUs).
+    c.generator.gpu_memory_utilization = 0.3
+    c.generator.colocate_with_trainer = False  # backend=vllm: the vLLM sidecars share the trainer's GPUs
     c.generator.n_samples_per_prompt = 8
     c.generator.max_turns = 1
     c.generator.enable_thinking = False
+    # A turn cut by max_generate_length is never executed (its tool calls do not run); True runs it.
+    c.generator.execute_truncated_turns = False
     c.generator.sampling_params = ml_collections.ConfigDict()
     c.generator.sampling_params.max_generate_length = 16  # new tokens per turn
     c.generator.sampling_params.temperature = 1.0
@@ -99,6 +112,7 @@ def base_config() -> ml_collections.ConfigDict:
     # checkpoints (what large models use: a checkpoint per step would dominate the run time).
     c.trainer.save_on_new_best = True
     c.trainer.export_best = True  # HF export of the best-EMA checkpoint to workdir/best/
+    c.trainer.gpu_memory_fraction = 0.6  # share of each GPU the trainer's JAX claims (XLA memory fraction)
 
     c.trainer.optimizer = ml_collections.ConfigDict()
     c.trainer.optimizer.lr = 8e-6
@@ -174,6 +188,8 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     c.data.task = "dataset"
     c.data.max_prompt_length = 4096
     c.generator.backend = "vllm"
+    c.generator.gpu_memory_utilization = 0.85  # split layout: vLLM on its own nodes (README "GPU memory")
+    c.trainer.gpu_memory_fraction = 0.9  # split layout: the trainer alone on its GPUs
     c.generator.max_turns = 32
     c.generator.sampling_params.max_generate_length = 4096
     c.trainer.algorithm.max_seq_len = 32768
@@ -193,7 +209,8 @@ def _require(cond: bool, key: str, problem: str, fix: str):
         raise ConfigError(key, problem, fix)
 
 
-def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check_inputs: bool = True) -> None:
+def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check_inputs: bool = True,
+             platform: str | None = None) -> None:
     """Checks a run config before any work starts.
 
     Args:
@@ -202,6 +219,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
       check_inputs: check the run's external inputs — `model.path` names a checkpoint, the
         dataset file exists, vLLM sidecar URLs are given (False for `jaxrl.plan`, which compiles
         from the config's shapes only).
+      platform: the JAX backend the run uses ("cpu", "gpu", ...); on "gpu" the GPU memory shares
+        of the processes on one GPU must fit (jaxrl/gpu_memory.py).
 
     Raises:
       ConfigError: naming the first offending key, the problem and the fix.
@@ -287,16 +306,28 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
     # Generation.
     sp = g.sampling_params
     _require(sp.max_generate_length >= 1, "generator.sampling_params.max_generate_length", "must be >= 1", "use e.g. 1024")
-    _require(sp.temperature > 0, "generator.sampling_params.temperature", "must be > 0", "use 1.0")
+    from jaxrl.rollout.types import MIN_TEMPERATURE  # the engine's bound (float32 logits / temperature)
+    for key, temp in (("generator.sampling_params.temperature", sp.temperature),
+                      ("generator.eval_sampling_params.temperature", g.eval_sampling_params.temperature)):
+        _require(MIN_TEMPERATURE <= temp < math.inf, key, f"{temp} must be finite and >= {MIN_TEMPERATURE}",
+                 "use 1.0 (for argmax decoding set greedy instead)")
     _require(0 < sp.top_p <= 1, "generator.sampling_params.top_p", "must be in (0, 1]", "use 1.0")
     _require(g.backend in ("jax", "vllm"), "generator.backend", f"unknown backend {g.backend!r}", "use 'jax' or 'vllm'")
     if g.backend == "vllm" and check_inputs:
         _require(len(g.sidecar_urls) > 0, "generator.sidecar_urls", "backend=vllm needs the URLs of running sidecars",
                  "start them with launch/vllm_sidecar.sh and pass --config.generator.sidecar_urls")
     _require(g.max_turns >= 1, "generator.max_turns", "must be >= 1", "use 1 for single-turn tasks")
+    _require(isinstance(g.execute_truncated_turns, bool), "generator.execute_truncated_turns", "must be True or False",
+             "use False (a cut turn's tool calls never run) unless every tool is free of side effects")
     _require(g.num_sidecars >= 1, "generator.num_sidecars", "must be >= 1", "use 1 on a CPU")
     _require(sp.top_k == -1 or sp.top_k >= 0, "generator.sampling_params.top_k", f"{sp.top_k} is not a valid top-k",
              "use -1 (or 0) to disable top-k, or a positive k")
+    _validate_logprobs_mode(c)
+    from jaxrl import gpu_memory
+
+    gpu_memory.check_keys(c)
+    if platform == "gpu":
+        gpu_memory.check_shares(c)
     _require(c.data.num_eval_prompts >= 0, "data.num_eval_prompts", "must be >= 0", "use 0 to skip evaluation")
     _require(c.data.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1", "use e.g. 512")
     _require(col.max_rollbacks >= 0, "trainer.collapse.max_rollbacks", "must be >= 0", "use 0 to never roll back")
@@ -338,6 +369,33 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
         _require(num_devices % known == 0 and (-1 in axes or known == num_devices), "mesh",
                  f"data*fsdp*tensor={known} does not match the {num_devices} available devices",
                  f"choose sizes whose product is {num_devices} (or use -1 on one axis)")
+
+
+def _validate_logprobs_mode(c: ml_collections.ConfigDict) -> None:
+    """generator.logprobs_mode is a known definition that the run's backend can deliver at the
+    run's sampling settings (training, and evaluation unless it is greedy)."""
+    from jaxrl.rollout import logprob_modes, wire
+
+    g, sp, es = c.generator, c.generator.sampling_params, c.generator.eval_sampling_params
+    _require(g.logprobs_mode in wire.LOGPROBS_MODES, "generator.logprobs_mode", f"unknown mode {g.logprobs_mode!r}",
+             "use 'full' (log softmax(logits / T) over the vocabulary, the trainer's definition) or 'sampled' "
+             "(the distribution actually sampled, after top-p/top-k)")
+    _require(g.logprobs_mode == "full" or wire._has_logprobs_mode_field(), "generator.logprobs_mode",
+             "this version of jaxrl's rollout requests carry only 'full' logprobs", "use 'full'")
+    if g.backend == "jax":  # the JAX engine delivers either definition per request
+        return
+    try:
+        vllm_mode = logprob_modes.vllm_mode_for(g.logprobs_mode, sp.temperature, sp.top_p, sp.top_k)
+    except ValueError as e:
+        raise ConfigError("generator.logprobs_mode", f"{e} (generator.sampling_params.temperature={sp.temperature}, "
+                          f"top_p={sp.top_p}, top_k={sp.top_k})",
+                          "use generator.logprobs_mode=sampled, or temperature 1, or top_p=1 and top_k=-1") from None
+    if not es.greedy:
+        gap = logprob_modes.vllm_gap(vllm_mode, g.logprobs_mode, es.temperature, sp.top_p, sp.top_k)
+        _require(gap is None, "generator.eval_sampling_params.temperature",
+                 f"the vLLM sidecars of this run need --logprobs-mode {vllm_mode} for training, which at the "
+                 f"evaluation temperature {es.temperature} does not give {g.logprobs_mode!r} logprobs: {gap}",
+                 "evaluate greedily (generator.eval_sampling_params.greedy=True) or at the training temperature")
 
 
 def rollout_max_seq_len(c: ml_collections.ConfigDict) -> int:

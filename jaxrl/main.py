@@ -45,12 +45,19 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if _CONFIG.value is None:
         raise app.UsageError("--config is required, e.g. --config=configs/rloo.py")
-    from jaxrl import parallel
+    from jaxrl import gpu_memory, parallel
     from jaxrl.config import ConfigError
 
+    try:  # the trainer's share of each GPU, before any JAX backend starts
+        gpu_memory.apply_trainer_env(_CONFIG.value)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError:
+        pass  # a recipe file that cannot be loaded is reported below
     parallel.maybe_initialize_distributed()  # multi-host runs (JAXRL_* or SLURM env); no-op otherwise
     from jaxrl.envs import DatasetError
-    from jaxrl.rollout.sidecar import SidecarError
+    from jaxrl.rollout.client import SidecarError
     from jaxrl.train import trainer
 
     config = _CONFIG.value

@@ -25,6 +25,9 @@ _NUM_DEVICES = flags.DEFINE_integer("num_devices", 0, "Fake devices (0: the prod
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 0, "Padded sequence length (0: the largest seq_len_bucket that "
                                 "max_seq_len / generator limits need).")
 _ATTENTION = flags.DEFINE_string("attention", "xla", "Attention implementation to compile on CPU (cuDNN is GPU-only).")
+_DEVICE_MEMORY = flags.DEFINE_float("device_memory_gib", 140.0, "Memory of one GPU in GiB (nvidia-smi's total / "
+                                   "1024), for the trainer's share trainer.gpu_memory_fraction: about 140 on an H200, "
+                                   "79.6 on an H100 80GB.")
 
 
 def _gib(x: int) -> str:
@@ -138,6 +141,9 @@ def main(argv):
     print(f"  per device: arguments {_gib(r['argument_bytes'])}, outputs {_gib(r['output_bytes'])} "
           f"(aliased {_gib(r['alias_bytes'])}), temporaries {_gib(r['temp_bytes'])}, total {_gib(r['total_bytes'])}")
     print(f"  compile time: {r['compile_s']:.1f} s")
+    from jaxrl import gpu_memory
+
+    print(gpu_memory.plan_line(c, r["total_bytes"], _DEVICE_MEMORY.value))
 
 
 if __name__ == "__main__":

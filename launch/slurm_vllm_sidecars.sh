@@ -3,10 +3,13 @@
 #
 #   sbatch --nodes=2 launch/slurm_vllm_sidecars.sh MODEL_DIR WORKDIR [PORT] [vllm serve args...]
 #
-# Each sidecar loads the policy versions the trainer publishes in WORKDIR/sync (shared
-# filesystem) and binds to its node's address so the trainer nodes can reach it; the shared
-# token in WORKDIR/.sidecar_token (created here if missing) guards /v1/*. Pass the printed URLs
-# to launch/slurm_train.sh.
+# On each node launch/vllm_sidecar.sh starts vLLM bound to loopback and the jaxrl front on the node's
+# address (PORT, default 8000): the front is the only thing the trainer nodes can reach; it needs the
+# shared token in WORKDIR/.sidecar_token (created here if missing) on every route but /health, and
+# loads only policy versions the trainer publishes in WORKDIR/sync (shared filesystem). Pass the
+# printed URLs to launch/slurm_train.sh.
+# Environment passed through to every node: JAXRL_VLLM_LOGPROBS_MODE (processed_logprobs | raw_logprobs,
+# see README "vLLM sidecars"), JAXRL_GPU_MEMORY_UTILIZATION (default 0.85), JAXRL_PYTHON.
 #SBATCH --job-name=jaxrl-vllm
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=8
@@ -25,7 +28,7 @@ if [[ ! -s $TOKEN_FILE ]]; then
   (umask 077; python3 -c 'import secrets; print(secrets.token_hex(16))' > "$TOKEN_FILE")
 fi
 for h in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do echo "sidecar: http://$h:$PORT"; done
-srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 bash -c "
+srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --export=ALL bash -c "
   export JAXRL_SIDECAR_HOST=\$(hostname -f)
   export JAXRL_TOKEN_FILE='$TOKEN_FILE'
   exec '$REPO_ROOT/launch/vllm_sidecar.sh' '$MODEL_DIR' '$PORT' '$WORKDIR/sync' --tensor-parallel-size 8 $*

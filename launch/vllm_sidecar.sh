@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
-# Start a stock `vllm serve` as a jaxrl rollout sidecar (DESIGN.md §6, qwen3_vllm.md §4).
+# A vLLM rollout sidecar: a stock `vllm serve` bound to loopback, and the jaxrl front
+# (`python -m jaxrl.rollout.sidecar --backend vllm`) as the only thing on the sidecar's address.
 #
 # Usage: launch/vllm_sidecar.sh MODEL_DIR PORT SYNC_DIR [extra `vllm serve` arguments...]
 #   MODEL_DIR  HF checkpoint of the initial policy (version 0)
-#   PORT       port of the OpenAI-compatible server
-#   SYNC_DIR   directory the trainer publishes policy versions to (weight_sync.py); the worker
-#              extension refuses to load anything outside it
+#   PORT       port of the jaxrl front (what the trainer's generator.sidecar_urls name)
+#   SYNC_DIR   directory the trainer publishes policy versions to; loads from anywhere else are refused
 # Environment:
-#   JAXRL_SIDECAR_HOST  bind address (default 127.0.0.1: /collective_rpc is not protected by the API key)
-#   JAXRL_TOKEN_FILE    optional file with the shared token; passed as VLLM_API_KEY (guards /v1/*)
-#   PYTHONPATH          must let vLLM's workers import jaxrl (this script prepends the repo root)
+#   JAXRL_TOKEN_FILE          file with the shared token (required unless JAXRL_SIDECAR_HOST is loopback):
+#                             the front requires it on every route but /health; vLLM gets it as VLLM_API_KEY
+#   JAXRL_SIDECAR_HOST        the front's bind address (default 127.0.0.1; the node's address on a cluster)
+#   JAXRL_VLLM_PORT           vLLM's loopback port (default: a free one)
+#   JAXRL_VLLM_UDS            optional: a unix socket path for vLLM instead of the loopback port (for nodes
+#                             shared with other users; put it in a directory only you can enter)
+#   JAXRL_VLLM_LOGPROBS_MODE  processed_logprobs (default) | raw_logprobs: the run's logprob definition
+#                             (generator.logprobs_mode) decides; `python -m jaxrl.plan` and the trainer's
+#                             error message name the one a run needs
+#   JAXRL_GPU_MEMORY_UTILIZATION  vLLM's --gpu-memory-utilization (default 0.85; the share of each GPU it
+#                             claims; with a trainer on the same GPUs it must match generator.gpu_memory_utilization)
+#   JAXRL_PYTHON              python that runs the front (default python3; needs jaxrl importable, no JAX)
 #
-# The trainer talks to it with SidecarClient([url], backend="vllm"): completions on /v1/completions
-# with return_token_ids/logprobs=0/ignore_eos, weight loads with /collective_rpc + /reset_prefix_cache.
+# Security model: vLLM's API key guards only its /v1 routes; /collective_rpc (run any worker method),
+# /pause, /reset_prefix_cache, ... are open in VLLM_SERVER_DEV_MODE, which the weight sync needs. So vLLM
+# listens on loopback (or a unix socket) only, and the front checks the token, proxies completions, and
+# does weight loads itself, only from committed versions inside SYNC_DIR. No front route reaches a worker
+# method. If either process exits, the other is stopped and the script exits with its status.
 # Pinned assumptions (vLLM 0.10-0.33): --worker-extension-cls, --generation-config, --logprobs-mode,
-# VLLM_SERVER_DEV_MODE routes /collective_rpc and /reset_prefix_cache.
+# VLLM_SERVER_DEV_MODE routes /collective_rpc and /reset_prefix_cache (/pause, /resume, /weight_info,
+# /update_weight_version, /get_world_size are used where present).
 set -euo pipefail
 
 if [[ $# -lt 3 ]]; then
@@ -30,25 +43,59 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONPATH="${REPO_ROOT}${PYTHONPATH:+:${PYTHONPATH}}"
 mkdir -p "$SYNC_DIR"
 export JAXRL_SYNC_DIR="$(cd "$SYNC_DIR" && pwd -P)"
-# /collective_rpc (weight loads) and /reset_prefix_cache exist only in dev mode.
-export VLLM_SERVER_DEV_MODE=1
+HOST=${JAXRL_SIDECAR_HOST:-127.0.0.1}
+MODE=${JAXRL_VLLM_LOGPROBS_MODE:-processed_logprobs}
+UTIL=${JAXRL_GPU_MEMORY_UTILIZATION:-0.85}
+PYTHON=${JAXRL_PYTHON:-python3}
+case "$MODE" in processed_logprobs|raw_logprobs) ;; *)
+  echo "error: JAXRL_VLLM_LOGPROBS_MODE=$MODE; use processed_logprobs or raw_logprobs" >&2; exit 2;; esac
+
+TOKEN_ARGS=()
 if [[ -n "${JAXRL_TOKEN_FILE:-}" ]]; then
   VLLM_API_KEY="$(tr -d '[:space:]' < "$JAXRL_TOKEN_FILE")"
   export VLLM_API_KEY
+  TOKEN_ARGS=(--token-file "$JAXRL_TOKEN_FILE")
+elif [[ "$HOST" != "127.0.0.1" && "$HOST" != "localhost" ]]; then
+  echo "error: JAXRL_SIDECAR_HOST=$HOST is not loopback: set JAXRL_TOKEN_FILE (the shared token file)" >&2
+  exit 2
+fi
+# Development routes (/collective_rpc, /reset_prefix_cache, /pause, ...) exist only in dev mode.
+export VLLM_SERVER_DEV_MODE=1
+
+if [[ -n "${JAXRL_VLLM_UDS:-}" ]]; then
+  BIND=(--uds "$JAXRL_VLLM_UDS")
+  UPSTREAM="unix:$JAXRL_VLLM_UDS"
+else
+  # A free loopback port (PORT + 1 would be the next engine's front on a node running several).
+  VPORT=${JAXRL_VLLM_PORT:-$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+  BIND=(--host 127.0.0.1 --port "$VPORT")
+  UPSTREAM="http://127.0.0.1:$VPORT"
 fi
 
-# --generation-config vllm: ignore the checkpoint's generation_config.json (temperature 0.6,
-#   top_k 20, top_p 0.95 for Qwen3), so sampling comes only from our request fields.
-# --logprobs-mode processed_logprobs: logprobs after temperature scaling, i.e.
-#   log_softmax(logits / T) as in DESIGN.md §3 (raw_logprobs, the default, ignores T). Whether
-#   vLLM's processed logprobs are taken before or after top-p/top-k masking is unverified
-#   (qwen3_vllm.md §4.2): keep top_p=1, top_k=-1 when comparing them with the trainer's.
-exec vllm serve "$MODEL_DIR" \
-  --host "${JAXRL_SIDECAR_HOST:-127.0.0.1}" \
-  --port "$PORT" \
+# --generation-config vllm: ignore the checkpoint's generation_config.json (Qwen3: temperature 0.6,
+#   top_k 20, top_p 0.95), so sampling comes only from the request's fields.
+# --logprobs-mode: processed_logprobs = log_softmax after temperature and top-k/top-p (renormalised over
+#   the kept set); raw_logprobs = log_softmax of the raw logits (before temperature). jaxrl.rollout.logprob_modes.
+vllm serve "$MODEL_DIR" "${BIND[@]}" \
   --served-model-name policy \
   --dtype bfloat16 \
   --worker-extension-cls jaxrl.rollout.vllm_worker.OrbaxWeightLoader \
   --generation-config vllm \
-  --logprobs-mode processed_logprobs \
-  "$@"
+  --logprobs-mode "$MODE" \
+  --gpu-memory-utilization "$UTIL" \
+  "$@" &
+VLLM_PID=$!
+
+"$PYTHON" -m jaxrl.rollout.sidecar --backend vllm --upstream "$UPSTREAM" --vllm-logprobs-mode "$MODE" \
+  --gpu-memory-utilization "$UTIL" --host "$HOST" --port "$PORT" --sync-dir "$JAXRL_SYNC_DIR" \
+  --resume-latest --log-level warning "${TOKEN_ARGS[@]}" &
+FRONT_PID=$!
+
+trap 'kill "$VLLM_PID" "$FRONT_PID" 2>/dev/null || true' EXIT INT TERM
+set +e
+wait -n
+RC=$?
+set -e
+if ! kill -0 "$VLLM_PID" 2>/dev/null; then who="vllm serve"; else who="the jaxrl front"; fi
+echo "vllm_sidecar.sh: $who exited with status $RC; stopping the sidecar" >&2
+exit "$RC"

@@ -27,8 +27,9 @@ def expected_tokens(prompt, w, seed, i, j, max_tokens, stop=()):
 class FakeEngine:
     eos_token_ids = ()
 
-    def __init__(self, delay_s: float = 0.0):
+    def __init__(self, delay_s: float = 0.0, load_delay_s: float = 0.0):
         self.w = 0.0
+        self.load_delay_s = load_delay_s
         self.policy_version = 0
         self.delay_s = delay_s
         self.batches = []  # rows per engine call
@@ -52,6 +53,7 @@ class FakeEngine:
         return out
 
     def load_version(self, version_dir, version):
+        time.sleep(self.load_delay_s)
         sync_dir = os.path.dirname(version_dir)
         tree, stats = weight_sync.load(sync_dir, version)
         self.w = float(np.asarray(tree["w"]).astype(np.float32))
@@ -60,5 +62,7 @@ class FakeEngine:
 
 
 def make_fake_engine(args):
-    """Sidecar `--engine tests.sidecar_fake_engine:make_fake_engine`; FAKE_ENGINE_DELAY_S sets a delay."""
-    return FakeEngine(delay_s=float(os.environ.get("FAKE_ENGINE_DELAY_S", "0")))
+    """Sidecar `--engine tests.sidecar_fake_engine:make_fake_engine`; FAKE_ENGINE_DELAY_S and
+    FAKE_ENGINE_LOAD_DELAY_S set delays of generation and weight loads."""
+    return FakeEngine(delay_s=float(os.environ.get("FAKE_ENGINE_DELAY_S", "0")),
+                      load_delay_s=float(os.environ.get("FAKE_ENGINE_LOAD_DELAY_S", "0")))

@@ -62,7 +62,7 @@ def random_batch(seed, n=24):
 # ---------------- hand-computed values ----------------
 
 def test_rloo_skyrl_vectors():
-    # reference/skyrl.md §1.2: [6,3] → [3,−3]; [9,12] → [−3,3]; [1] → [0]; groups interleaved.
+    # SkyRL's RLOO examples: [6,3] → [3,−3]; [9,12] → [−3,3]; [1] → [0]; groups interleaved.
     r = jnp.array([6.0, 9.0, 1.0, 3.0, 12.0])
     g = jnp.array([10, 20, 30, 10, 20])
     np.testing.assert_array_equal(np.asarray(rl.rloo(r, g)), [3.0, -3.0, 0.0, -3.0, 3.0])
@@ -203,3 +203,20 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="baseline_mask"):
         rl.grpo(jnp.ones(3), jnp.zeros(3, jnp.int32), jnp.ones(2, bool))
     assert adv.GRPO_EPSILON == 1e-6
+
+
+def test_non_finite_rewards_stop_with_a_message_unless_excluded():
+    g = jnp.array([0, 0, 1, 1])
+    for name in rl.list_advantage_estimators():
+        c = rl.AdvantageConfig(advantage_estimator=name)
+        with pytest.raises(ValueError, match=r"reward\[1\] = nan"):
+            rl.compute_advantages(np.array([1.0, np.nan, 0.0, 1.0], np.float32), g, None, c)
+        with pytest.raises(ValueError, match=r"reward\[3\] = inf"):
+            rl.compute_advantages(np.array([1.0, 0.0, 0.0, np.inf], np.float32), g, None, c)
+        # Excluded members' rewards never matter (an env_error trajectory may carry anything).
+        out = rl.compute_advantages(np.array([1.0, np.nan, 0.0, 1.0], np.float32), g,
+                                    np.array([True, False, True, True]), c)
+        assert np.all(np.isfinite(np.asarray(out))) and float(out[1]) == 0.0, name
+    # Under jit the values are traced and not checked (shape checks still run).
+    jitted = jax.jit(lambda r: rl.rloo(r, g))(jnp.array([1.0, 0.0, 2.0, 2.0]))
+    np.testing.assert_allclose(np.asarray(jitted), [1.0, -1.0, 0.0, 0.0])

@@ -1,5 +1,6 @@
 """Prompt datasets from JSONL and Parquet: parsing, errors naming file / row / field, end-to-end rollout."""
 import json
+import os
 import re
 
 import pyarrow as pa
@@ -98,7 +99,7 @@ def test_parquet_error_names_file_row_and_field(tmp_path):
 
 
 def test_file_level_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(DatasetError, match=re.escape(f"{tmp_path / 'none.jsonl'}: dataset file does not exist")):
         load_tasks(str(tmp_path / "none.jsonl"))
     (tmp_path / "d.csv").write_text("a,b\n")
     with pytest.raises(DatasetError, match=r"d\.csv: unsupported dataset format"):
@@ -110,6 +111,44 @@ def test_file_level_errors(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(DatasetError, match="no rows"):
         load_tasks(str(tmp_path / "empty.jsonl"))
+
+
+def _one_line_error(path):
+    with pytest.raises(DatasetError) as e:
+        load_tasks(str(path))
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{path}: ")
+    return msg[len(str(path)) + 2:]
+
+
+def test_bad_bytes_and_bad_files_give_one_line_errors(tmp_path):
+    """Issue 9 §8: each names the file and the line / row and says what to do; never a traceback."""
+    good = (json.dumps(ROWS[0]) + "\n").encode()
+    cases = {
+        # Latin-1 "é" (0xe9) in line 2: not UTF-8.
+        "latin1.jsonl": (good + b'{"prompt": "caf\xe9", "reward_spec": {"type": "exact_match", "answer": "1"}}\n',
+                         "line 2: not valid UTF-8 (byte 0xe9 at byte 16 of the line); save the file as UTF-8"),
+        "nan.jsonl": (good + b'{"prompt": "x", "reward_spec": {"type": "numeric", "answer": "1", "tolerance": NaN}}\n',
+                      "line 2: not valid JSON (NaN is not JSON); use finite numbers or strings"),
+        "list.jsonl": (good + b'["prompt", "x"]\n', "line 2: a row must be a JSON object like"),
+        "string.jsonl": (b'"just a string"\n', "line 1: a row must be a JSON object like"),
+        "empty.jsonl": (b"", "the dataset has no rows; write one JSON object per line"),
+        "types.jsonl": (good + b'{"prompt": 7, "reward_spec": {"type": "exact_match", "answer": "1"}}\n',
+                        "line 2: prompt: must be a non-empty string"),
+        "spec.jsonl": (good + b'{"prompt": "x", "reward_spec": {"type": "numeric", "answer": "1", "tolerance": 1e999}}\n',
+                       "line 2: reward_spec.tolerance: must be a finite number, got inf"),
+        "fake.parquet": (good, "not a readable Parquet file ("),
+        "empty.parquet": (b"", "not a readable Parquet file ("),
+    }
+    for name, (data, expected) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        msg = _one_line_error(tmp_path / name)
+        assert msg.startswith(expected), (name, msg)
+    # A UTF-8 byte order mark (Windows editors) is not an error.
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + good)
+    assert load_tasks(str(tmp_path / "bom.jsonl"))[0].messages == [{"role": "user", "content": "What is 6 * 7?"}]
+    os.makedirs(tmp_path / "dir.jsonl")
+    assert _one_line_error(tmp_path / "dir.jsonl").startswith("is a directory, not a dataset file")
 
 
 def test_dataset_rollout_end_to_end(tmp_path):

@@ -139,3 +139,63 @@ print('ok')
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ})
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_tied_config_with_a_different_stored_head_is_an_error_naming_both_fixes(tmp_path):
+    """Issue 9 §7: transformers unties and uses a stored head that differs from the embedding; loading it
+    silently as tied would give other logits. Error, then each documented fix loads what it says."""
+    from transformers import AutoModelForCausalLM
+
+    tied = make_tiny_hf_checkpoint(str(tmp_path / "a"), seed=3, tie_word_embeddings=True)
+    t = _all_tensors(tmp_path / "a")
+    head = 0.08 * np.random.default_rng(0).standard_normal(t["model.embed_tokens.weight"].shape).astype(np.float32)
+    ckpt = tmp_path / "b"
+    os.makedirs(ckpt)
+    cfg_json = json.loads((tmp_path / "a" / "config.json").read_text())
+    tensors = {**t, "lm_head.weight": head}
+    save_file(tensors, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    (ckpt / "config.json").write_text(json.dumps(cfg_json))
+    with pytest.raises(ValueError, match=r"tie_word_embeddings=true but the checkpoint stores an lm_head\.weight "
+                                         r"that differs from model\.embed_tokens\.weight") as e:
+        hf_io.load_hf_checkpoint(str(ckpt), dtype="float32")
+    assert '"tie_word_embeddings": false' in str(e.value) and "delete lm_head.weight" in str(e.value)
+    # What transformers does with it: the stored head, logits far from the tied model's.
+    untied_hf = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32)
+    assert np.abs(_logits(untied_hf, TOKS) - _logits(tied, TOKS)).max() > 1.0
+    toks, pos = TOKS.astype(np.int32), np.tile(np.arange(12, dtype=np.int32), (2, 1))
+
+    # Fix 1: untie in config.json -> our model uses the stored head, as transformers does.
+    (ckpt / "config.json").write_text(json.dumps({**cfg_json, "tie_word_embeddings": False}))
+    cfg, params = hf_io.load_hf_checkpoint(str(ckpt), dtype="float32")
+    np.testing.assert_array_equal(np.asarray(params["lm_head"]), head.T)
+    ours = np.asarray(qwen3.forward(params, cfg, toks, pos, np.ones_like(toks)))
+    assert np.abs(ours - _logits(untied_hf, TOKS)).max() <= 1e-4
+
+    # Fix 2: drop the stored head -> tied to the embedding (the transformers tied model).
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    (ckpt / "config.json").write_text(json.dumps(cfg_json))
+    cfg, params = hf_io.load_hf_checkpoint(str(ckpt), dtype="float32")
+    ours = np.asarray(qwen3.forward(params, cfg, toks, pos, np.ones_like(toks)))
+    assert "lm_head" not in params and np.abs(ours - _logits(tied, TOKS)).max() <= 1e-4
+
+
+def test_tied_bf16_checkpoint_with_an_equal_stored_head_loads(tmp_path):
+    hf = make_tiny_hf_checkpoint(str(tmp_path), seed=9, tie_word_embeddings=True, dtype="bfloat16")
+    t = _all_tensors(tmp_path)
+    assert t["model.embed_tokens.weight"].dtype.name == "bfloat16"
+    save_file({**t, "lm_head.weight": t["model.embed_tokens.weight"].copy()}, str(tmp_path / "model.safetensors"))
+    cfg, params = hf_io.load_hf_checkpoint(str(tmp_path), dtype="float32")
+    assert cfg.tie_word_embeddings and "lm_head" not in params
+    np.testing.assert_array_equal(np.asarray(params["embed_tokens"]),
+                                  hf.model.embed_tokens.weight.detach().float().numpy())
+
+
+def test_non_finite_weights_are_named(tmp_path):
+    make_tiny_hf_checkpoint(str(tmp_path), seed=8)
+    t = _all_tensors(tmp_path)
+    t["model.layers.1.self_attn.k_proj.weight"][3, 5] = np.nan
+    t["model.layers.1.self_attn.k_proj.weight"][0, 0] = np.inf
+    save_file(t, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"tensor model\.layers\.1\.self_attn\.k_proj\.weight holds 2 NaN/inf"):
+        hf_io.load_hf_checkpoint(str(tmp_path), dtype="float32")

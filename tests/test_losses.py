@@ -462,3 +462,73 @@ def test_unknown_names_list_valid_ones():
         cfg(policy_loss_type="cispo", cispo_anchor="rollout", tis_ratio_type="token")
     with pytest.raises(ValueError, match="advantages"):
         rl.minibatch_loss(batch["logprobs"], batch["old_logprobs"], batch["advantages"][:, :3], batch["loss_mask"], cfg())
+
+
+# ------------------------------ non-finite values on loss tokens (issue 9 §3) ------------------------------
+
+NAN_MU_ROW = [-1.0, np.nan, -1.0, -1.0]
+
+
+def _issue_batch(rows_mu):
+    """Rows of 4 loss tokens, logprob = old logprob = -1, advantage 1, the given rollout logprobs."""
+    n = len(rows_mu)
+    ones = np.ones((n, 4), np.float32)
+    return dict(logprobs=-ones, old_logprobs=-ones, advantages=ones, loss_mask=ones,
+                rollout_logprobs=np.asarray(rows_mu, np.float32))
+
+
+@pytest.mark.parametrize("tis", [None, "token", "sequence"])
+def test_nan_rollout_logprob_on_a_loss_token_drops_its_row(tis):
+    """The issue's input (one row, μ = [-1, NaN, -1, -1]) and the same row next to a valid one."""
+    config = cfg(tis_ratio_type=tis)
+    loss, metrics, grad = loss_and_grad(_issue_batch([NAN_MU_ROW]), config)
+    # By hand: the only row is invalid engine output -> no policy-gradient term, no ratio.
+    assert float(loss) == 0.0 and np.all(np.asarray(grad) == 0.0)
+    assert float(metrics["invalid_rollout_seq_ratio"]) == 1.0
+    assert float(metrics["is_ratio_mean"]) == 1.0  # its tokens count as ρ = 1
+    assert float(metrics["is_ratio_max"]) == -np.inf and float(metrics["is_ratio_min"]) == np.inf  # none valid
+    assert all(np.isfinite(float(v)) for k, v in metrics.items() if not k.endswith(("_max", "_min")))
+
+    # A valid row with log μ = -1.5 (ρ = e^0.5 on every token) next to the invalid one.
+    loss, metrics, grad = loss_and_grad(_issue_batch([[-1.5] * 4, NAN_MU_ROW]), config)
+    rho = np.exp(0.5)
+    factor = {None: 1.0, "token": min(rho, 2.0), "sequence": min(rho ** 4, 5.0)}[tis]
+    # token_mean over the 8 loss tokens; row 0: r = 1, A = 1 -> ℓ = -1 per token, times the TIS factor.
+    np.testing.assert_allclose(float(loss), 4 * -factor / 8, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad), np.r_[[[-factor / 8] * 4], [[0.0] * 4]], rtol=1e-6)
+    np.testing.assert_allclose(float(metrics["is_ratio_mean"]), (4 * rho + 4 * 1.0) / 8, rtol=1e-6)
+    np.testing.assert_allclose([float(metrics["is_ratio_max"]), float(metrics["is_ratio_min"])], [rho, rho],
+                               rtol=1e-6)
+    assert float(metrics["invalid_rollout_seq_ratio"]) == 0.5
+
+
+@pytest.mark.parametrize("mu_bad", [np.inf, -np.inf])
+def test_infinite_rollout_logprob_is_invalid_too(mu_bad):
+    config = cfg(policy_loss_type="cispo", cispo_anchor="rollout")  # μ inside the loss itself
+    loss, metrics, grad = loss_and_grad(_issue_batch([[-1.0, mu_bad, -1.0, -1.0], [-1.0] * 4]), config)
+    # Row 1: r = π/μ = 1, clamp [0, 5] -> ℓ = -A·1·logπ = 1 per token; token mean over 8 tokens.
+    np.testing.assert_allclose(float(loss), 4 * 1.0 / 8, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad), np.r_[[[0.0] * 4], [[-1 / 8] * 4]], rtol=1e-6)
+    assert float(metrics["invalid_rollout_seq_ratio"]) == 0.5
+
+
+@pytest.mark.parametrize("key", ["logprobs", "old_logprobs", "advantages"])
+def test_nan_on_a_loss_token_in_trainer_inputs_is_not_hidden(key):
+    batch = _issue_batch([[-1.0] * 4])
+    batch[key] = batch[key].copy()
+    batch[key][0, 2] = np.nan
+    loss, _, _ = loss_and_grad(batch, cfg(tis_ratio_type="token"))
+    assert np.isnan(float(loss))
+
+
+def test_entropy_from_logits_with_minus_inf_entries():
+    """Logits with -inf (tokens removed from the vocabulary): 0·(-inf) must not become NaN."""
+    logits = np.array([[2.0, -np.inf, 0.5, -1.0], [-np.inf, -np.inf, 3.0, 3.0], [0.0, 0.0, 0.0, 0.0]], np.float32)
+    finite = np.where(np.isinf(logits), -1e300, logits.astype(np.float64))
+    p = np.exp(finite - finite.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    ref = -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0), -1)  # [H, ln 2, ln 4] by hand for rows 1-2
+    np.testing.assert_allclose(ref[1:], [np.log(2), np.log(4)], rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(rl.entropy_from_logits(logits)), ref, rtol=1e-6)
+    grad = jax.grad(lambda z: jnp.sum(rl.entropy_from_logits(z)))(jnp.asarray(logits))
+    assert np.all(np.isfinite(np.asarray(grad)))

@@ -10,11 +10,14 @@ import numpy as np
 import pytest
 
 from jaxrl.rollout import weight_sync as ws
-from jaxrl.rollout.sidecar import SidecarClient, SidecarError, SidecarProcess, create_app, free_port
+from jaxrl.rollout.client import SidecarClient, SidecarError, SidecarUnreachable
+from jaxrl.rollout.process import SidecarProcess, free_port
+from jaxrl.rollout.server import JaxBackend, create_app
 from jaxrl.rollout.types import SamplingParams
 from tests.sidecar_fake_engine import FakeEngine, expected_tokens
 
 TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -48,7 +51,8 @@ def fake(tmp_path):
     def start(n=1, batch_wait_ms=5.0, delay_s=0.0):
         for _ in range(n):
             e = FakeEngine(delay_s=delay_s)
-            s = _Server(create_app(e, sync_dir=str(sync), token=TOKEN, batch_wait_ms=batch_wait_ms, max_batch_rows=64))
+            s = _Server(create_app(JaxBackend(e, batch_wait_ms=batch_wait_ms, max_batch_rows=64), sync_dir=str(sync),
+                                   token=TOKEN))
             engines.append(e)
             servers.append(s)
         return engines, [s.url for s in servers], str(sync)
@@ -62,7 +66,7 @@ def test_completions_speak_vllm_shape(fake):
     (engine,), (url,), _ = fake()
     body = {"model": "policy", "prompt": [[1, 2, 3], [10, 20]], "max_tokens": 5, "n": 2, "seed": 4,
             "stop_token_ids": [13], "logprobs": 0, "return_token_ids": True, "temperature": 0.8}
-    r = httpx.post(url + "/v1/completions", json=body)
+    r = httpx.post(url + "/v1/completions", json=body, headers=AUTH)
     assert r.status_code == 200, r.text
     resp = r.json()
     assert resp["object"] == "text_completion" and resp["policy_version"] == 0
@@ -81,7 +85,8 @@ def test_completions_speak_vllm_shape(fake):
     assert resp["usage"] == {"prompt_tokens": 5, "completion_tokens": sum(len(c["token_ids"]) for c in choices),
                              "total_tokens": 5 + sum(len(c["token_ids"]) for c in choices)}
     # A flat prompt is one prompt; temperature 0 means greedy (vLLM convention).
-    r = httpx.post(url + "/v1/completions", json={"prompt": [5, 5], "max_tokens": 2, "temperature": 0, "seed": 1})
+    r = httpx.post(url + "/v1/completions", json={"prompt": [5, 5], "max_tokens": 2, "temperature": 0, "seed": 1},
+                   headers=AUTH)
     assert len(r.json()["choices"]) == 1
 
 
@@ -97,13 +102,13 @@ def test_completions_speak_vllm_shape(fake):
 ])
 def test_bad_requests_get_400_naming_the_field(fake, body, field):
     _, (url,), _ = fake()
-    r = httpx.post(url + "/v1/completions", json=body)
+    r = httpx.post(url + "/v1/completions", json=body, headers=AUTH)
     assert r.status_code == 400 and field in r.json()["error"]["message"]
 
 
 def test_concurrent_requests_are_batched_into_few_engine_calls(fake):
     (engine,), (url,), _ = fake(batch_wait_ms=200)
-    client = SidecarClient([url])
+    client = SidecarClient([url], token=TOKEN)
     prompts = [[i, i + 1] for i in range(8)]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda p: client.generate([p], SamplingParams(max_tokens=3, seed=2))[0], prompts))
@@ -115,7 +120,7 @@ def test_concurrent_requests_are_batched_into_few_engine_calls(fake):
 
 def test_client_spreads_chunks_over_sidecars(fake):
     engines, urls, _ = fake(n=2, delay_s=0.05)
-    client = SidecarClient(urls, max_prompts_per_request=2)
+    client = SidecarClient(urls, token=TOKEN, max_prompts_per_request=2)
     prompts = [[i] * 3 for i in range(8)]
     out = client.generate(prompts, SamplingParams(max_tokens=4, n=2, seed=9))
     assert len(out) == 8 and all(len(g) == 2 for g in out)
@@ -153,16 +158,13 @@ def test_load_weights_requires_token_and_a_path_inside_sync_dir(fake, tmp_path):
     client.close()
 
 
-def test_client_request_body_is_vllm_compatible():
-    client = SidecarClient(["http://127.0.0.1:1"], backend="vllm")
-    body = client.request_body([[1, 2]], SamplingParams(max_tokens=7, temperature=0.7, top_k=0, greedy=True,
-                                                        stop_token_ids=(2,), seed=3))
+def test_client_request_body_carries_greedy_and_temperature():
+    body = SidecarClient(["http://127.0.0.1:1"]).request_body([[1, 2]], SamplingParams(
+        max_tokens=7, temperature=0.7, top_k=0, greedy=True, stop_token_ids=(2,), seed=3))
     assert body["prompt"] == [[1, 2]] and body["max_tokens"] == 7 and body["top_k"] == -1
-    assert body["temperature"] == 0.0 and "greedy" not in body  # vLLM greedy
+    assert body["greedy"] is True and body["temperature"] == 0.7  # the front turns greedy into vLLM's T=0
     assert body["logprobs"] == 0 and body["return_token_ids"] is True and body["ignore_eos"] is True
     assert body["stop_token_ids"] == [2] and body["seed"] == 3
-    jax_body = SidecarClient(["http://127.0.0.1:1"]).request_body([[1]], SamplingParams(greedy=True, temperature=0.7))
-    assert jax_body["greedy"] is True and jax_body["temperature"] == 0.7
 
 
 def test_dead_sidecar_error_names_it():
@@ -191,7 +193,7 @@ def e2e(tmp_path_factory):
     proc = SidecarProcess(ckpt, sync_dir=sync, token_file=str(token_file), log_path=str(root / "sidecar.log"),
                           extra_args=["--dtype", "float32", "--max-seq-len", "256", "--max-batch-rows", "8",
                                       "--resume-latest"],
-                          env={"PYTHONPATH": REPO})
+                          env={"PYTHONPATH": REPO, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.25"})
     proc.start()
     yield dict(proc=proc, ckpt=ckpt, new_ckpt=new_ckpt, sync=sync, token_file=str(token_file))
     proc.stop()
@@ -206,7 +208,8 @@ def test_end_to_end_publish_load_generate_kill_restart(e2e):
 
     proc = e2e["proc"]
     health = proc.wait_healthy(timeout_s=180)
-    assert health["policy_version"] == 0
+    assert health["policy_version"] == 0 and health["backend"] == "jax"
+    assert health["gpu_memory"] == {"xla_mem_fraction": 0.25}  # the share it was started with
     client = SidecarClient([proc.url], token_file=e2e["token_file"], max_retries=1, retry_backoff_s=0.1)
     prompts = [[5, 17, 42], [9], [100, 3, 3, 7, 250, 1]]
     greedy = SamplingParams(max_tokens=12, greedy=True)
@@ -257,7 +260,7 @@ def test_end_to_end_publish_load_generate_kill_restart(e2e):
         time.sleep(0.01)
     proc.kill()
     t.join(60)
-    assert len(errors) == 1 and proc.url in str(errors[0]), errors
+    assert len(errors) == 1 and proc.url in str(errors[0]) and isinstance(errors[0], SidecarUnreachable), errors
     # The restarted sidecar resumes the latest committed version and serves again.
     health = proc.restart(timeout_s=180)
     assert health["policy_version"] == 1
@@ -265,3 +268,37 @@ def test_end_to_end_publish_load_generate_kill_restart(e2e):
     assert [g[0].token_ids for g in again] == [g[0].token_ids for g in v1]
     client.close()
     bad.close()
+
+
+def test_sidecar_killed_during_a_weight_load_is_unreachable_not_refused(tmp_path):
+    # The trainer restarts an unreachable sidecar (#9 §8); it must not mistake this for a refusal.
+    sync = tmp_path / "sync"
+    ws.publish({"w": np.float32(3.0)}, str(sync), 1)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    proc = SidecarProcess("unused", sync_dir=str(sync), token_file=str(token_file), log_path=str(tmp_path / "log"),
+                          extra_args=["--engine", "tests.sidecar_fake_engine:make_fake_engine"],
+                          env={"PYTHONPATH": REPO, "FAKE_ENGINE_LOAD_DELAY_S": "30"})
+    proc.start()
+    try:
+        proc.wait_healthy(timeout_s=120)
+        client = SidecarClient([proc.url], token=TOKEN, max_retries=1, retry_backoff_s=0.05)
+        errors = []
+
+        def load():
+            try:
+                client.load_weights(1, str(sync / "1"))
+            except SidecarError as e:
+                errors.append(e)
+
+        t = threading.Thread(target=load)
+        t.start()
+        time.sleep(1.0)  # the load is in the engine (30 s)
+        proc.kill()
+        t.join(60)
+        assert len(errors) == 1 and isinstance(errors[0], SidecarUnreachable), errors
+        msg = str(errors[0])
+        assert proc.url in msg and "load policy version 1" in msg and "not running or not reachable" in msg
+        assert client.expected_version is None
+    finally:
+        proc.stop()

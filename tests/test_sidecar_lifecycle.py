@@ -4,7 +4,7 @@ import subprocess
 import sys
 import time
 
-from jaxrl.rollout.sidecar import chunk_params
+from jaxrl.rollout.wire import chunk_params
 from jaxrl.rollout.types import SamplingParams
 
 
@@ -17,8 +17,8 @@ def test_chunks_of_a_split_request_get_distinct_derived_seeds():
 
 
 def test_exit_with_parent_ends_the_child_when_the_parent_is_killed():
-    child_code = ("import time; from jaxrl.rollout.sidecar import _exit_with_parent; "
-                  "_exit_with_parent(); time.sleep(60)")
+    child_code = ("import time; from jaxrl.rollout.process import exit_with_parent; "
+                  "exit_with_parent(); time.sleep(60)")
     parent_code = (f"import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', {child_code!r}], "
                    "start_new_session=True); print(c.pid, flush=True); time.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)

@@ -18,11 +18,28 @@ An environment is a conversation partner with a verifiable reward (SkyRL-Gym sty
 
 So at every turn the tokens sent to the engine are exactly `prompt_ids + response_ids` so far,
 and the final trajectory is the last request plus the last completion (the prefix property).
+
+Boundaries (what the loop refuses to pass on):
+
+* engine output is validated where it enters: a completion with no tokens, more tokens than
+  requested, a logprob count that differs from its token count, a token id outside
+  `[0, vocab_size)`, a non-finite logprob (NaN, ±inf) or an unknown finish_reason is NOT
+  appended; its trajectory ends with `stop_reason="invalid_output"`, reward 0, and
+  `info["invalid_output"]` naming the problem, the turn, the task id and the sample index;
+* a turn cut by a token limit (finish_reason "length") is by default never passed to `env.step`:
+  nothing it asks for (a complete `<tool_call>` written before the cut, a shell command) is
+  executed, and the episode ends with `length`. An env that defines `step_truncated(text)` (a
+  scoring-only step, e.g. `SingleTurnEnv`, `ToolEnv`) still scores the cut turn
+  (`info["truncated_turn"] = "scored"`); otherwise it gets reward 0 (`"not_executed"`).
+  `RolloutConfig.execute_truncated_turns=True` passes it to `env.step` instead (`"executed"`);
+* an `env.step` that raises, returns a non-finite reward, or returns observations the chat
+  template cannot render ends that trajectory with `env_error`.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
 from typing import Any, Callable, NamedTuple, Optional, Protocol, Sequence
 
 import numpy as np
@@ -30,11 +47,17 @@ import numpy as np
 from jaxrl.envs.chat import ChatTemplate, Message, split_thinking
 from jaxrl.rollout.types import Completion, Generator, SamplingParams
 
-STOP_REASONS = ("stop", "length", "max_turns", "env_error")
+STOP_REASONS = ("stop", "length", "max_turns", "env_error", "invalid_output")
 """`stop`: the environment ended the episode after a turn that ended on a stop token.
 `length`: a token limit cut the episode (`info["truncated_by"]` is `max_tokens_per_turn` or
-`max_seq_len`). `max_turns`: the turn limit was reached with the episode still open.
-`env_error`: `env.step` raised (`info["error"]` holds the message); reward 0."""
+`max_seq_len`; `info["truncated_turn"]` says what became of a cut turn: "scored" by the env's
+`step_truncated`, "not_executed" (reward 0), or "executed" by `env.step` under
+`execute_truncated_turns`). `max_turns`: the turn limit
+was reached with the episode still open. `env_error`: `env.step` raised, returned a non-finite
+reward or unrenderable observations (`info["error"]` holds the message); reward 0.
+`invalid_output`: the engine returned an invalid completion (module docstring), which was not
+appended (`info["invalid_output"]` says what, with the task id); reward 0. The trainer leaves
+`env_error` / `invalid_output` trajectories out of the loss."""
 
 
 @dataclasses.dataclass
@@ -84,6 +107,10 @@ class Env(Protocol):
     def step(self, assistant_text: str) -> StepResult:
         """Consumes one assistant turn (final content, thinking removed)."""
         ...
+
+    # Optional: `step_truncated(assistant_text) -> StepResult`. Scores a turn that a token limit cut
+    # (the episode then ends) WITHOUT executing anything it asks for; only its reward and info are
+    # used. Envs without it give a cut turn reward 0 (see `run_rollouts`).
 
 
 @dataclasses.dataclass
@@ -136,6 +163,14 @@ class RolloutConfig:
       max_seq_len: budget of prompt + response tokens; a turn never generates past it and an
         observation that would leave no room for one more generated token ends the episode.
       env_workers: threads running `env.step` calls of one turn concurrently (1 = in order).
+      execute_truncated_turns: pass a turn cut by `max_tokens_per_turn` / `max_seq_len` to
+        `env.step` (its tool calls run and it is scored) before ending the episode with `length`.
+        Default False: a cut turn is never executed (it may hold a complete `<tool_call>` written
+        before the cut, and tools may have side effects); the env's `step_truncated`, if any,
+        scores it.
+      vocab_size: sampled token ids must be in [0, vocab_size); None = the tokenizer's size
+        (`len(chat.tokenizer)`, ids it can decode). Set the model's embedding size to also accept
+        its padding rows.
     """
 
     n_samples_per_prompt: int = 1
@@ -143,11 +178,19 @@ class RolloutConfig:
     max_tokens_per_turn: int = 256
     max_seq_len: int = 1024
     env_workers: int = 1
+    execute_truncated_turns: bool = False
+    vocab_size: Optional[int] = None
 
     def __post_init__(self):
         for name in ("n_samples_per_prompt", "max_turns", "max_tokens_per_turn", "max_seq_len", "env_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if not isinstance(self.execute_truncated_turns, bool):
+            raise ValueError(f"RolloutConfig.execute_truncated_turns must be True or False, got "
+                             f"{self.execute_truncated_turns!r}")
+        if self.vocab_size is not None and (isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int)
+                                            or self.vocab_size < 1):
+            raise ValueError(f"RolloutConfig.vocab_size must be None or a positive int, got {self.vocab_size!r}")
 
 
 @dataclasses.dataclass
@@ -214,9 +257,10 @@ def run_rollouts(
       entries i*n .. i*n+n-1).
     Raises:
       ValueError: a prompt leaves no room to generate within `max_seq_len`, bad `group_ids`.
-      RuntimeError: the generator returned the wrong number of completions or malformed ones.
+      RuntimeError: the generator returned the wrong number of results or completions.
       Errors from `make_env` / `env.reset` (bad task data) propagate.
-    Errors raised by `env.step` do not propagate: that trajectory ends with `env_error`.
+    Errors raised by `env.step` do not propagate: that trajectory ends with `env_error`. An invalid
+    completion ends its trajectory with `invalid_output` (module docstring).
     """
     if make_env is None:
         from jaxrl.envs.verifiable import make_env as default_make_env
@@ -227,6 +271,7 @@ def run_rollouts(
         raise ValueError(f"run_rollouts: group_ids has {len(group_ids)} entries for {len(tasks)} tasks")
     stop_ids = tuple(dict.fromkeys(tuple(sampling.stop_token_ids) + chat.stop_token_ids))
     n = config.n_samples_per_prompt
+    vocab_size = config.vocab_size if config.vocab_size is not None else len(chat.tokenizer)
 
     convs: list[_Conversation] = []
     for i, task in enumerate(tasks):
@@ -250,17 +295,34 @@ def run_rollouts(
                 break
             budgets = {id(c): min(config.max_tokens_per_turn, config.max_seq_len - c.num_tokens) for c in live}
             completions = _generate_turn(generator, live, budgets, sampling, stop_ids, turn, first_turn=turn == 0)
-            texts = []
+            stepping, texts = [], []
             for c in live:
                 comp = completions[id(c)]
-                c.response_ids.extend(comp.token_ids)
+                problem = _completion_problem(comp, budgets[id(c)], vocab_size)
+                if problem is not None:
+                    c.reward = 0.0
+                    c.finish("invalid_output", invalid_output=(
+                        f"turn {turn}: {problem} (task {c.info['task_id'] or 'no id'!r}, "
+                        f"sample {c.info['sample_index']}); the completion was not appended"))
+                    continue
+                c.response_ids.extend(int(x) for x in comp.token_ids)
                 c.loss_mask.extend([1] * len(comp.token_ids))
                 c.logprobs.extend(float(x) for x in comp.logprobs)
                 c.versions.append(int(comp.policy_version))
                 c.num_turns += 1
+                method = "step"
+                if comp.finish_reason == "length" and not config.execute_truncated_turns:
+                    # An unfinished turn is not an action: run none of its tool calls (issue 9 §6).
+                    if not callable(getattr(c.env, "step_truncated", None)):
+                        c.finish("length", truncated_by=_truncated_by(budgets[id(c)], config),
+                                 truncated_turn="not_executed")
+                        continue
+                    method = "step_truncated"
+                stepping.append((c, method))
                 texts.append(split_thinking(chat.decode(comp.token_ids))[1])
-            steps = list(pool.map(_safe_step, live, texts) if pool else map(_safe_step, live, texts))
-            for c, step in zip(live, steps):
+            call = lambda cm, text: _safe_step(cm[0], text, cm[1])  # noqa: E731
+            steps = list(pool.map(call, stepping, texts) if pool else map(call, stepping, texts))
+            for (c, method), step in zip(stepping, steps):
                 comp = completions[id(c)]
                 if isinstance(step, Exception):
                     c.reward = 0.0
@@ -269,10 +331,9 @@ def run_rollouts(
                 observations, reward, done, info = step
                 c.reward += float(reward)
                 c.info.update(info or {})
-                truncated_by = ("max_seq_len" if budgets[id(c)] < config.max_tokens_per_turn
-                                else "max_tokens_per_turn")
                 if comp.finish_reason == "length":
-                    c.finish("length", truncated_by=truncated_by)
+                    c.finish("length", truncated_by=_truncated_by(budgets[id(c)], config),
+                             truncated_turn="scored" if method == "step_truncated" else "executed")
                 elif done:
                     c.finish("stop")
                 elif turn + 1 >= config.max_turns:
@@ -281,7 +342,13 @@ def run_rollouts(
                     c.reward = 0.0
                     c.finish("env_error", error="env.step returned done=False with no observation messages")
                 else:
-                    obs_ids = chat.encode_observation(observations, comp.token_ids[-1], c.tools)
+                    try:
+                        obs_ids = chat.encode_observation(observations, comp.token_ids[-1], c.tools)
+                    except Exception as e:  # noqa: BLE001 -- a bad observation ends that trajectory only
+                        c.reward = 0.0
+                        c.finish("env_error", error=f"env.step returned observations the chat template cannot "
+                                                    f"render ({type(e).__name__}: {e})")
+                        continue
                     if c.num_tokens + len(obs_ids) >= config.max_seq_len:
                         c.finish("length", truncated_by="max_seq_len")
                     else:
@@ -298,11 +365,18 @@ def run_rollouts(
     return [c.to_trajectory() for c in convs]
 
 
-def _safe_step(conv: _Conversation, text: str):
+def _truncated_by(budget: int, config: RolloutConfig) -> str:
+    return "max_seq_len" if budget < config.max_tokens_per_turn else "max_tokens_per_turn"
+
+
+def _safe_step(conv: _Conversation, text: str, method: str = "step"):
     try:
-        result = conv.env.step(text)
+        result = getattr(conv.env, method)(text)
         observations, reward, done, info = result
-        return StepResult(list(observations or []), float(reward), bool(done), dict(info or {}))
+        reward = float(reward)
+        if not math.isfinite(reward):
+            raise ValueError(f"env.step returned a non-finite reward {reward}; rewards must be finite numbers")
+        return StepResult(list(observations or []), reward, bool(done), dict(info or {}))
     except Exception as e:  # noqa: BLE001 -- an env failure ends that trajectory, not the batch
         return e
 
@@ -332,16 +406,37 @@ def _generate_turn(generator: Generator, live: list[_Conversation], budgets: dic
             if len(comps) != n:
                 raise RuntimeError(f"generator returned {len(comps)} completions for a prompt with n={n}")
             for c, comp in zip(members, comps):
-                _check_completion(comp, max_tokens)
                 out[id(c)] = comp
     return out
 
 
-def _check_completion(comp: Completion, max_tokens: int) -> None:
-    t = len(comp.token_ids)
-    if t == 0 or t > max_tokens:
-        raise RuntimeError(f"generator returned a completion of {t} tokens; expected 1..{max_tokens}")
-    if len(comp.logprobs) != t:
-        raise RuntimeError(f"generator returned {len(comp.logprobs)} logprobs for {t} token ids")
+def _completion_problem(comp: Any, max_tokens: int, vocab_size: int) -> Optional[str]:
+    """What is wrong with an engine completion (None if it is valid); module docstring for the rules."""
+    if not isinstance(comp, Completion):
+        return f"the engine returned {type(comp).__name__}, not a Completion"
     if comp.finish_reason not in ("stop", "length"):
-        raise RuntimeError(f"generator returned finish_reason {comp.finish_reason!r}; expected 'stop' or 'length'")
+        return f"finish_reason {comp.finish_reason!r} (expected 'stop' or 'length')"
+    if isinstance(comp.policy_version, bool) or not isinstance(comp.policy_version, (int, np.integer)):
+        return f"policy_version {comp.policy_version!r} (expected an integer)"
+    try:
+        ids = np.asarray(comp.token_ids)
+        logprobs = np.asarray(comp.logprobs, np.float64)
+    except (TypeError, ValueError) as e:
+        return f"token ids / logprobs are not arrays of numbers ({e})"
+    t = ids.size
+    if ids.ndim != 1 or t == 0 or t > max_tokens:
+        return f"{t} generated tokens (expected 1..{max_tokens})"
+    if ids.dtype.kind not in "iu":
+        return f"token ids of dtype {ids.dtype} (expected integers)"
+    if logprobs.shape != ids.shape:
+        return f"{logprobs.size} logprobs for {t} token ids"
+    bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+    if bad.size:
+        i = int(bad[0])
+        return f"token id {int(ids[i])} at generated position {i} is outside the vocabulary [0, {vocab_size})"
+    bad = np.flatnonzero(~np.isfinite(logprobs))
+    if bad.size:
+        i = int(bad[0])
+        return (f"logprob {logprobs[i]} at generated position {i} (token id {int(ids[i])}) is not finite "
+                f"({bad.size} non-finite)")
+    return None

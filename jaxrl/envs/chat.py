@@ -221,15 +221,18 @@ class ChatTemplate:
         Returns:
           ids whose text is `closing + render(new_messages) + generation prompt`; never empty.
         Raises:
-          ValueError: no new messages, an assistant message among them, or the template output
+          ValueError: no new messages, an assistant message or a non-string content among them, or the template output
             for the anchor is not a token prefix of the output with the new messages.
         """
         if not new_messages:
             raise ValueError("encode_observation: new_messages is empty")
         for m in new_messages:
-            if m.get("role") not in ("user", "tool", "system"):
+            if not isinstance(m, dict) or m.get("role") not in ("user", "tool", "system"):
                 raise ValueError(f"encode_observation: observation role must be user, tool or system, "
-                                 f"got {m.get('role')!r}")
+                                 f"got {m.get('role') if isinstance(m, dict) else m!r}")
+            if not isinstance(m.get("content"), str):
+                raise ValueError(f"encode_observation: observation content must be a string, got "
+                                 f"{type(m.get('content')).__name__}")
         anchor_text, anchor_originals = self._render_defused(_ANCHOR, tools, add_generation_prompt=False)
         full_text, full_originals = self._render_defused(_ANCHOR + list(new_messages), tools,
                                                          add_generation_prompt=True)

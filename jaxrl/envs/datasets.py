@@ -10,8 +10,11 @@ One row per task. Fields:
   `jaxrl.envs.verifiable.ENV_REGISTRY`), `tools` (tool names for `env: "tool"`), `id`;
 * any other field goes to `Task.metadata`.
 
-Every problem raises `DatasetError` naming the file, the row (`line N` for JSONL, 1-based as in
-an editor; `row N` for Parquet, 0-based as in pyarrow / pandas) and the field.
+Every problem raises `DatasetError` (one line) naming the file, the row (`line N` for JSONL,
+1-based as in an editor; `row N` for Parquet, 0-based as in pyarrow / pandas), the field where
+there is one, and the fix: a missing or unreadable file, bytes that are not UTF-8 (a UTF-8 byte
+order mark at the start is accepted), a line that is not JSON (`NaN` / `Infinity` are not JSON),
+a row that is not an object, a `.parquet` file that is not Parquet, an empty file, wrong types.
 """
 from __future__ import annotations
 
@@ -34,36 +37,71 @@ def load_tasks(path: str) -> list[Task]:
     """Reads a `.jsonl` or `.parquet` prompt dataset into tasks (module docstring for the fields).
 
     Raises:
-      FileNotFoundError: no such file.
-      DatasetError: unsupported extension, unparsable line, empty file, or an invalid row.
+      DatasetError: missing / unreadable file, unsupported extension, bytes that are not UTF-8,
+        unparsable line, not a Parquet file, empty file, or an invalid row (module docstring).
     """
+    if not os.path.exists(path):
+        raise DatasetError(f"{path}: dataset file does not exist; check data.dataset_path")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"dataset file {path!r} does not exist")
-    if path.endswith(".jsonl"):
-        rows = _read_jsonl(path)
-    elif path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        rows = [(f"row {i}", r) for i, r in enumerate(pq.read_table(path).to_pylist())]
-    else:
-        raise DatasetError(f"{path}: unsupported dataset format; use a .jsonl or .parquet file")
+        raise DatasetError(f"{path}: is a directory, not a dataset file; point data.dataset_path at a .jsonl or "
+                           ".parquet file")
+    try:
+        if path.endswith(".jsonl"):
+            rows = _read_jsonl(path)
+        elif path.endswith(".parquet"):
+            rows = _read_parquet(path)
+        else:
+            raise DatasetError(f"{path}: unsupported dataset format; use a .jsonl or .parquet file")
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read the dataset file ({e.strerror or e})") from None
     if not rows:
-        raise DatasetError(f"{path}: the dataset has no rows")
+        raise DatasetError(f"{path}: the dataset has no rows; write one JSON object per line (JSONL) or at "
+                           "least one row (Parquet)")
     return [_row_to_task(row, f"{path}: {where}", default_id=f"{os.path.basename(path)}:{where}")
             for where, row in rows]
 
 
+def _not_json_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
 def _read_jsonl(path: str) -> list[tuple[str, Any]]:
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # UTF-8 byte order mark
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DatasetError(f"{path}: line {lineno}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at byte "
+                                   f"{e.start + 1} of the line); save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:
-                rows.append((f"line {lineno}", json.loads(line)))
+                rows.append((f"line {lineno}", json.loads(line, parse_constant=_not_json_constant)))
             except json.JSONDecodeError as e:
-                raise DatasetError(f"{path}: line {lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
+                raise DatasetError(f"{path}: line {lineno}: not valid JSON ({e.msg}, column {e.colno}); write one "
+                                   "JSON object per line") from None
+            except ValueError as e:  # NaN / Infinity
+                raise DatasetError(f"{path}: line {lineno}: not valid JSON ({e}); use finite numbers or strings") \
+                    from None
     return rows
+
+
+def _read_parquet(path: str) -> list[tuple[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DatasetError(f"{path}: reading Parquet needs pyarrow; pip install pyarrow (or convert the file to "
+                           "JSONL)") from None
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # noqa: BLE001 -- pyarrow raises ArrowInvalid & co. for a file that is not Parquet
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DatasetError(f"{path}: not a readable Parquet file ({first}); write it with pyarrow / pandas "
+                           "to_parquet, or use a .jsonl file") from None
+    return [(f"row {i}", r) for i, r in enumerate(table.to_pylist())]
 
 
 def _row_to_task(row: Any, where: str, default_id: str) -> Task:
@@ -71,7 +109,8 @@ def _row_to_task(row: Any, where: str, default_id: str) -> Task:
     from jaxrl.envs.verifiable import ENV_REGISTRY
 
     if not isinstance(row, dict):
-        raise DatasetError(f"{where}: a row must be an object, got {type(row).__name__}")
+        raise DatasetError(f"{where}: a row must be a JSON object like {{\"prompt\": ..., \"reward_spec\": ...}}, "
+                           f"got {type(row).__name__}")
     row = {k: v for k, v in row.items() if v is not None}  # Parquet fills absent fields with null
     has_prompt, has_messages = "prompt" in row, "messages" in row
     if has_prompt == has_messages:

@@ -69,6 +69,8 @@ def validate_reward_spec(spec: Any, where: str = "reward_spec") -> None:
             raise ValueError(f"{where}.{key}: unknown field for type {kind!r}; allowed: {', '.join(_FIELDS[kind])}")
         if isinstance(value, bool) or not isinstance(value, _FIELDS[kind][key]):
             raise ValueError(f"{where}.{key}: wrong type {type(value).__name__}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{where}.{key}: must be a finite number, got {value}")
     if kind == "numeric":
         if _to_number(str(spec["answer"])) is None:
             raise ValueError(f"{where}.answer: {spec['answer']!r} is not a number")

@@ -7,6 +7,9 @@
   contains `<tool_call>` blocks gets the results (or error observations) back as `tool`
   messages and reward 0; the first turn without a tool call is the final answer, scored with
   `task.reward_spec`, and ends the episode.
+
+Both define `step_truncated` (the rollout loop calls it for a turn cut by a token limit): it
+scores the turn like `step` would but never runs a tool; a cut turn with tool calls gets 0.
 """
 from __future__ import annotations
 
@@ -36,6 +39,10 @@ class SingleTurnEnv:
             raise RuntimeError("SingleTurnEnv.step called before reset")
         reward = compute_reward(self._spec, assistant_text)
         return StepResult([], reward, True, {"extracted_answer": extract_answer(assistant_text)})
+
+    def step_truncated(self, assistant_text: str) -> StepResult:
+        """A cut answer is scored like a finished one (scoring has no side effects)."""
+        return self.step(assistant_text)
 
 
 class ToolEnv:
@@ -77,6 +84,17 @@ class ToolEnv:
             self._num_calls += len(calls)
             self._num_errors += sum(o["content"].startswith("Error: ") for o in observations)
             return StepResult(observations, 0.0, False, self._info(None))
+        reward = compute_reward(self._spec, assistant_text)
+        return StepResult([], reward, True, self._info(extract_answer(assistant_text)))
+
+    def step_truncated(self, assistant_text: str) -> StepResult:
+        """A turn cut by a token limit: its tool calls are NOT run (reward 0, their count in
+        `info["unexecuted_tool_calls"]`); a cut turn without calls is scored as the final answer."""
+        if self._spec is None:
+            raise RuntimeError("ToolEnv.step_truncated called before reset")
+        calls = parse_tool_calls(assistant_text)
+        if calls:
+            return StepResult([], 0.0, True, {**self._info(None), "unexecuted_tool_calls": len(calls)})
         reward = compute_reward(self._spec, assistant_text)
         return StepResult([], reward, True, self._info(extract_answer(assistant_text)))
 

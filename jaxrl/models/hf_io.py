@@ -361,6 +361,7 @@ class HFCheckpoint:
     """
 
     def __init__(self, path: str):
+        import ml_dtypes  # noqa: F401 -- registers numpy's bfloat16, so bf16 tensors can be read without JAX
         from safetensors import safe_open
 
         self.path = path
@@ -404,13 +405,22 @@ class HFCheckpoint:
     def get(self, name: str) -> np.ndarray:
         return self._handles[self._where[name]].get_tensor(name)
 
+    def get_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of a tensor (reads only those rows)."""
+        return self._handles[self._where[name]].get_slice(name)[start:stop]
+
 
 def check_checkpoint(ckpt: HFCheckpoint, cfg) -> None:
     """Validates tensor names and shapes against ``cfg``.
 
     Raises ValueError naming every missing tensor, unexpected tensor, or shape mismatch
-    (tensor, checkpoint shape, expected shape). A tied config accepts a stored
-    ``lm_head.weight`` of the right shape (ignored; HF ties it); an untied config requires it.
+    (tensor, checkpoint shape, expected shape). An untied config requires ``lm_head.weight``.
+    A tied config (``tie_word_embeddings=true``) accepts a stored ``lm_head.weight`` only if it
+    equals ``model.embed_tokens.weight`` (then it is the same matrix); a stored head that differs
+    is an error, because the two readers of such a checkpoint disagree: transformers unties and
+    uses the stored head, vLLM ignores it and uses the embedding. The message names both fixes
+    (``tie_word_embeddings: false`` in config.json to use the stored head, or delete
+    ``lm_head.weight`` to tie).
     """
     names = set(ckpt.names)
     expected = {}
@@ -434,8 +444,31 @@ def check_checkpoint(ckpt: HFCheckpoint, cfg) -> None:
         got = ckpt.shape(n)
         if got != expected[n]:
             problems.append(f"tensor {n}: checkpoint shape {got} != expected {expected[n]} from config")
+    embed = "model.embed_tokens.weight"
+    if not problems and tied_head in names and embed in names:
+        diff = _max_abs_difference(ckpt, tied_head, embed)
+        if diff != 0.0:
+            problems.append(
+                f"config.json has tie_word_embeddings=true but the checkpoint stores an {tied_head} that differs "
+                f"from {embed} (max |difference| {diff:.4g}); transformers would use the stored head and vLLM "
+                f"the embedding. Set \"tie_word_embeddings\": false in config.json to use the stored head, or "
+                f"delete {tied_head} from the checkpoint to tie it to the embedding")
     if problems:
         raise ValueError(f"checkpoint {ckpt.path} does not match its config:\n  " + "\n  ".join(problems))
+
+
+def _max_abs_difference(ckpt: HFCheckpoint, a: str, b: str, rows: int = 4096) -> float:
+    """max |a - b| over two same-shape tensors, read ``rows`` rows at a time (NaN if either has NaN)."""
+    out = 0.0
+    n = ckpt.shape(a)[0]
+    for start in range(0, n, rows):
+        x = ckpt.get_rows(a, start, min(start + rows, n)).astype(np.float32)
+        y = ckpt.get_rows(b, start, min(start + rows, n)).astype(np.float32)
+        d = np.abs(x - y)
+        out = max(out, float(d.max())) if not np.isnan(d).any() else float("nan")
+        if out != out:
+            break
+    return out
 
 
 def load_hf_checkpoint(path: str, cfg=None, shardings: Mapping | None = None, **runtime):
@@ -449,7 +482,9 @@ def load_hf_checkpoint(path: str, cfg=None, shardings: Mapping | None = None, **
         device. Each device shard is filled by a callback that reads only the tensors (layers)
         it needs, so host memory holds about one HF tensor plus one shard at a time.
     Returns ``(cfg, params)`` with params a tree of float32 ``jax.Array``.
-    Raises ValueError (naming tensors and shapes) when the checkpoint does not match the config.
+    Raises ValueError (naming tensors and shapes) when the checkpoint does not match the config
+    (see :func:`check_checkpoint`, tied heads included), or naming the tensor when a weight holds
+    NaN/inf (a damaged checkpoint; it would make every logit NaN).
     """
     import jax
 
@@ -469,7 +504,12 @@ def load_hf_checkpoint(path: str, cfg=None, shardings: Mapping | None = None, **
             def layer(i, m=m, names=names, cache=cache):
                 if i not in cache:
                     cache.clear()  # keep at most one converted tensor
-                    cache[i] = hf_to_ours(m, ckpt.get(names[i]), cfg).astype(np.float32)
+                    arr = hf_to_ours(m, ckpt.get(names[i]), cfg).astype(np.float32)
+                    bad = arr.size - int(np.count_nonzero(np.isfinite(arr)))
+                    if bad:
+                        raise ValueError(f"checkpoint {path}: tensor {names[i]} holds {bad} NaN/inf values; the "
+                                         "checkpoint is damaged (re-export or re-download it)")
+                    cache[i] = arr
                 return cache[i]
 
             def fill(index, m=m, names=names, layer=layer):

@@ -12,11 +12,15 @@ All estimators are jittable for a static N. Groups are found with `jnp.unique(gr
 size=N, return_inverse=True)`, which maps the ids to dense indices in [0, N) (at most N groups),
 followed by `jax.ops.segment_sum` over N segments: O(N log N), no static group count needed.
 
+Non-finite rewards: a NaN/inf reward of a baseline-eligible trajectory raises ValueError (outside
+jit; it would make its whole group NaN); excluded trajectories (baseline_mask False) never
+contribute, whatever their reward.
+
 Exactness: group statistics are computed on rewards shifted by the largest eligible reward of
 the group (the batch for `reinforce_pp`). Centred statistics do not depend on the shift, and a
 group whose rewards are all equal then gives exactly A = 0 (not a rounding residue).
 
-Differences from SkyRL (reference/skyrl.md §1), all deliberate:
+Differences from SkyRL (skyrl_train `ppo_utils` advantage estimators), all deliberate:
   * `baseline_mask` does not exist there (a failed trajectory's reward takes part in the group
     baseline); here it removes the trajectory from the statistics of every estimator.
   * `reinforce_pp` whitens over trajectories, not over response tokens (see its docstring).
@@ -30,6 +34,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrl.rl.registry import get_advantage_estimator, register_advantage_estimator
 
@@ -78,7 +83,23 @@ def _validate(rewards, group_ids, baseline_mask):
         raise ValueError(
             f"baseline_mask must have the shape of rewards {rewards.shape}, got {baseline_mask.shape}."
         )
+    _check_finite(rewards, baseline_mask)
     return rewards.astype(jnp.float32), group_ids, baseline_mask.astype(bool)
+
+
+def _check_finite(rewards, baseline_mask):
+    """Raises ValueError for a NaN/inf reward of a baseline-eligible member (it would spread to its
+    whole group). Excluded members may hold anything. Skipped under jit (traced values)."""
+    try:
+        r = np.asarray(rewards, np.float64)
+        eligible = np.asarray(baseline_mask, bool)
+    except jax.errors.TracerArrayConversionError:
+        return
+    bad = np.flatnonzero(eligible & ~np.isfinite(r))
+    if bad.size:
+        raise ValueError(f"rewards must be finite: reward[{bad[0]}] = {r[bad[0]]} ({bad.size} non-finite among the "
+                         "baseline-eligible trajectories); fix the reward function, or exclude the trajectory "
+                         "with baseline_mask=False")
 
 
 def _group_stats(rewards, group_ids, eligible):

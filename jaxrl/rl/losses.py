@@ -22,15 +22,31 @@ How the trainer uses this module (the mini-batch contract, DESIGN.md §4)
 4. Combine the metrics of micro-batches / devices with `combine_metrics` (sum, except keys
    ending in `_max` / `_min`, which combine by max / min).
 
-This is SkyRL's "loss reduction via advantage normalisation" (reference/skyrl.md §3) made
+This is SkyRL's "loss reduction via advantage normalisation" made
 explicit: instead of pre-scaling advantages, the per-token weights are passed alongside, which
 also covers the KL and entropy terms and the metrics.
 
-Numerics follow SkyRL (reference/skyrl.md §2, §4, §5): ratios are exp(clamp(Δ, −20, 20)) in
-float32; k3 is clamped (±20 inside, ±10 outside); the GSPO log-weight is clamped to ≤ 10.
-Masked entries never contribute: every input is passed through `jnp.where(loss_mask, x, 0)`
-before any exp/log/arithmetic, so NaN/inf at masked positions reach neither the loss nor the
-gradient.
+Numerics follow SkyRL: ratios are exp(clamp(Δ, −20, 20)) in float32; k3 is clamped (±20
+inside, ±10 outside); the GSPO log-weight is clamped to ≤ 10.
+
+Non-finite values (the rule, per input):
+  * Masked entries never contribute: every input is passed through `jnp.where(loss_mask, x, 0)`
+    before any exp/log/arithmetic, so NaN/inf at masked positions reach neither the loss, the
+    metrics nor the gradient.
+  * On loss tokens, NaN/inf in what the trainer computes (`logprobs`, `old_logprobs`,
+    `ref_logprobs`, `entropy`, `advantages`) is NOT hidden: it reaches the loss, so the step's
+    non-finite check sees it (a NaN there is a fault of the model or the trainer).
+  * `rollout_logprobs` come from the rollout engine (an external input). A row with a NaN/inf
+    rollout logprob on a loss token is invalid engine output (the rollout loop already ends such
+    trajectories as `invalid_output` and the trainer drops them; this is the library's own guard):
+    it is dropped from the policy-gradient term (whatever the loss and off-policy correction), its
+    tokens are skipped by the ratio metrics (`is_ratio_max/min` ignore them, `is_ratio_mean` counts
+    them as ρ = 1), and `invalid_rollout_seq_ratio` reports the fraction of such rows. The KL and
+    entropy terms do not use μ and keep the row.
+  * Audit of exp / log / 0·inf on unmasked input: every exp takes a clamped argument (ratios, k3,
+    TIS, product mask; the geometric mean is a mean of clamped terms); there is no log; a product
+    with a possibly infinite factor (`p · z` in `entropy_from_logits` with −inf logits) is taken only
+    where the factor is finite.
 
 Deliberate differences from SkyRL:
   * KL term: same estimator, but normalised as a global SEQUENCE mean over the mini-batch (SkyRL:
@@ -410,14 +426,32 @@ def kl_penalty(logprobs, ref_logprobs, loss_mask, estimator: str = "k3"):
 def entropy_from_logits(logits):
     """Entropy of softmax(logits) over the last axis: H = logsumexp(z) − Σ softmax(z)·z.
 
-    Args: logits float [..., V], already divided by the sampling temperature. Call it on chunks
+    Args: logits float [..., V], already divided by the sampling temperature; −inf entries
+      (tokens masked out of the vocabulary) have probability 0 and contribute 0 (the limit
+      p·log p → 0), not 0·(−inf) = NaN, in the value and in the gradient. Call it on chunks
       of the sequence (never materialise [N, T, V] float32 for a large vocabulary).
     Returns: float32 [...].
     """
     z = jnp.asarray(logits, jnp.float32)
     lse = jax.nn.logsumexp(z, axis=-1)
     p = jax.nn.softmax(z, axis=-1)
-    return lse - jnp.sum(p * z, axis=-1)
+    z_finite = jnp.where(z == -jnp.inf, 0.0, z)  # p == 0 there; keeps 0·(−inf) out of value and grad
+    return lse - jnp.sum(p * z_finite, axis=-1)
+
+
+def _invalid_rollout_rows(rollout_logprobs, mask):
+    """[N] bool: rows with a NaN/inf rollout logprob on a loss token (module docstring)."""
+    return jnp.any(mask & ~jnp.isfinite(jnp.asarray(rollout_logprobs, jnp.float32)), axis=1)
+
+
+def _ratio_metrics(rho, mask, counted, weights):
+    """is_ratio_mean/max/min: max/min over `mask`; the mean over all loss tokens with ρ := 1 outside
+    `mask` (`counted` = the loss tokens, e.g. including rows dropped as invalid)."""
+    return {
+        "is_ratio_mean": jnp.sum(weights.token * jnp.where(mask, rho, jnp.where(counted, 1.0, 0.0))),
+        "is_ratio_max": jnp.max(jnp.where(mask, rho, -jnp.inf)),
+        "is_ratio_min": jnp.min(jnp.where(mask, rho, jnp.inf)),
+    }
 
 
 def off_policy_correction(old_logprobs, rollout_logprobs, loss_mask, weights: LossWeights,
@@ -425,7 +459,7 @@ def off_policy_correction(old_logprobs, rollout_logprobs, loss_mask, weights: Lo
     """TIS factors and off-policy masks between the trainer's π_old and the rollout engine's μ.
 
     Uses ρ_t = π_old/μ = exp(clamp(logπ_old − logμ, ±20)) (never π_θ/μ), detached. Order as in
-    SkyRL `compute_off_policy_correction` (reference/skyrl.md §4):
+    SkyRL `compute_off_policy_correction`:
       1. outlier-token sequence mask: drop a row if any loss token has ρ < low or ρ > high;
       2. token mask (IcePop): drop tokens with ρ outside [low, high];
       3. TIS factor: "token" w_t = min(ρ_t, cap); "sequence" w_i = min(exp(clamp(Σ_t m_t log ρ_t,
@@ -434,7 +468,8 @@ def off_policy_correction(old_logprobs, rollout_logprobs, loss_mask, weights: Lo
          [geo_mask_low, geo_mask_high]; "product" exp(clamp(Σ m log ρ, ±20)) in
          [product_mask_low, product_mask_high].
     With `off_policy_untruncated_only`, rows with is_truncated=True get factor 1 and are never
-    dropped by 1, 2 or 4.
+    dropped by 1, 2 or 4. A row with a NaN/inf rollout logprob on a loss token is always dropped
+    (kept_mask False, factor 1) and counted in `invalid_rollout_seq_ratio` (module docstring).
 
     Args: old_logprobs, rollout_logprobs float [N, T]; loss_mask [N, T]; weights (this
       micro-batch's rows, for the metrics); config; is_truncated optional bool [N].
@@ -442,7 +477,9 @@ def off_policy_correction(old_logprobs, rollout_logprobs, loss_mask, weights: Lo
       micro-batch-summable; keys ending in _max/_min combine by max/min).
     Raises: ValueError if off_policy_untruncated_only and is_truncated is None.
     """
-    mask = jnp.asarray(loss_mask).astype(bool)
+    loss_tokens = jnp.asarray(loss_mask).astype(bool)
+    invalid_row = _invalid_rollout_rows(rollout_logprobs, loss_tokens)
+    mask = loss_tokens & ~invalid_row[:, None]
     log_rho = jnp.where(mask, jnp.asarray(old_logprobs, jnp.float32), 0.0) - jnp.where(
         mask, jnp.asarray(rollout_logprobs, jnp.float32), 0.0)
     log_rho = jax.lax.stop_gradient(jnp.clip(log_rho, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
@@ -452,17 +489,14 @@ def off_policy_correction(old_logprobs, rollout_logprobs, loss_mask, weights: Lo
             raise ValueError(
                 "off_policy_untruncated_only=True needs is_truncated [N] (stop_reason != 'stop')."
             )
-        row_applies = ~jnp.asarray(is_truncated).astype(bool)
+        row_applies = ~jnp.asarray(is_truncated).astype(bool) & ~invalid_row
     else:
-        row_applies = jnp.ones(mask.shape[:1], bool)
+        row_applies = ~invalid_row
     applies = mask & row_applies[:, None]
     tok = lambda x: jnp.sum(weights.token * x.astype(jnp.float32))
     seq = lambda x: jnp.sum(weights.sequence * x.astype(jnp.float32))
-    metrics = {
-        "is_ratio_mean": tok(rho),
-        "is_ratio_max": jnp.max(jnp.where(mask, rho, -jnp.inf)),
-        "is_ratio_min": jnp.min(jnp.where(mask, rho, jnp.inf)),
-    }
+    metrics = _ratio_metrics(rho, mask, loss_tokens, weights)
+    metrics["invalid_rollout_seq_ratio"] = seq(invalid_row)
     keep = mask
     low, high = config.outlier_token_is_threshold_low, config.outlier_token_is_threshold_high
     if low is not None or high is not None:
@@ -540,6 +574,9 @@ def micro_batch_loss(logprobs, old_logprobs, advantages, loss_mask, weights: Los
       entropy: [N, T] per-token entropy of π_θ (`entropy_from_logits`); required iff
         entropy_loss_coef != 0 (also gives the `entropy` metric when present).
       is_truncated: [N] bool, stop_reason != "stop"; required iff off_policy_untruncated_only.
+    Non-finite inputs: see the module docstring (masked: never leak; trainer-computed inputs on
+    loss tokens: reach the loss; a row with a NaN/inf rollout logprob on a loss token: dropped from
+    the policy-gradient term and counted in `invalid_rollout_seq_ratio`).
     Returns:
       (loss: float32 scalar, metrics: dict of float32 scalars). Metrics: loss, policy_loss,
       approx_kl (token mean of k3(π_θ, π_old)), the policy loss's own metrics (clip_ratio,
@@ -563,23 +600,28 @@ def micro_batch_loss(logprobs, old_logprobs, advantages, loss_mask, weights: Los
     loss_fn = get_policy_loss(config.policy_loss_type)
 
     mask = loss_mask.astype(bool)
-    clean = lambda x: None if x is None else jnp.where(mask, jnp.asarray(x, jnp.float32), 0.0)
+    clean = lambda x, m=mask: None if x is None else jnp.where(m, jnp.asarray(x, jnp.float32), 0.0)
     sg = jax.lax.stop_gradient
     lp = clean(logprobs)
     old = sg(clean(old_logprobs))
     adv = sg(clean(advantages))
-    mu = None if rollout_logprobs is None else sg(clean(rollout_logprobs))
+    # The policy-gradient term's tokens: rows with invalid engine logprobs are dropped from it.
+    pg_mask = mask
+    if rollout_logprobs is not None:
+        invalid_row = _invalid_rollout_rows(rollout_logprobs, mask)
+        pg_mask = mask & ~invalid_row[:, None]
+    mu = None if rollout_logprobs is None else sg(clean(rollout_logprobs, pg_mask))
 
-    per_token, loss_metrics = loss_fn(lp, old, adv, mask, config, mu)
-    per_token = jnp.where(mask, per_token, 0.0)
+    per_token, loss_metrics = loss_fn(lp, old, adv, pg_mask, config, mu)
+    per_token = jnp.where(pg_mask, per_token, 0.0)
     metrics: Dict[str, jax.Array] = {}
     for name, values in loss_metrics.items():
         if name.endswith("_max"):
-            metrics[name] = jnp.max(jnp.where(mask, values, -jnp.inf))
+            metrics[name] = jnp.max(jnp.where(pg_mask, values, -jnp.inf))
         elif name.endswith("_min"):
-            metrics[name] = jnp.min(jnp.where(mask, values, jnp.inf))
+            metrics[name] = jnp.min(jnp.where(pg_mask, values, jnp.inf))
         else:
-            metrics[name] = jnp.sum(weights.token * jnp.where(mask, values, 0.0))
+            metrics[name] = jnp.sum(weights.token * jnp.where(pg_mask, values, 0.0))
 
     if config.uses_off_policy_correction:
         if mu is None:
@@ -587,14 +629,14 @@ def micro_batch_loss(logprobs, old_logprobs, advantages, loss_mask, weights: Los
                 "The off-policy correction (tis_ratio_type / outlier / token / sequence masks) "
                 "needs rollout_logprobs."
             )
-        factor, kept, opc_metrics = off_policy_correction(old, mu, mask, weights, config, is_truncated)
+        factor, kept, opc_metrics = off_policy_correction(old, clean(rollout_logprobs), mask, weights, config,
+                                                          is_truncated)
         per_token = jnp.where(kept, per_token * factor, 0.0)
         metrics.update(opc_metrics)
     elif mu is not None:
         rho = jnp.exp(jnp.clip(old - mu, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        metrics.update(is_ratio_mean=jnp.sum(weights.token * jnp.where(mask, rho, 0.0)),
-                       is_ratio_max=jnp.max(jnp.where(mask, rho, -jnp.inf)),
-                       is_ratio_min=jnp.min(jnp.where(mask, rho, jnp.inf)))
+        metrics.update(_ratio_metrics(rho, pg_mask, mask, weights))
+        metrics["invalid_rollout_seq_ratio"] = jnp.sum(weights.sequence * invalid_row.astype(jnp.float32))
 
     policy_loss = jnp.sum(weights.policy * per_token)
     loss = policy_loss

@@ -50,33 +50,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl.buckets import pow2_buckets, round_up
 from jaxrl.models import qwen3
 from jaxrl.rollout import weight_sync
-from jaxrl.rollout.types import LOGPROBS_MODES, Completion, SamplingParams
-
-EngineRequest = tuple[Sequence[Sequence[int]], SamplingParams]
-
-
-def _pow2_buckets(lo: int, hi: int) -> tuple[int, ...]:
-    out, b = [], lo
-    while b < hi:
-        out.append(b)
-        b *= 2
-    out.append(hi)
-    return tuple(out)
-
-
-def round_up(n: int, buckets: Sequence[int], what: str) -> int:
-    """Smallest bucket >= n.
-
-    Raises:
-      ValueError: n exceeds the largest bucket (message names `what`).
-    """
-    for b in buckets:
-        if b >= n:
-            return b
-    raise ValueError(f"{what} = {n} exceeds the largest bucket {buckets[-1]}")
-
+from jaxrl.rollout.types import LOGPROBS_MODES, Completion, EngineRequest, SamplingParams
 
 # ---------------------------------------------------------------------------------------------
 # Token selection
@@ -273,15 +250,15 @@ class Sampler:
                  eos_token_ids: Sequence[int] = (), policy_version: int = 0, share_prefix: bool = True):
         self.cfg = cfg
         self.max_seq_len = int(max_seq_len)
-        self.batch_buckets = tuple(sorted(batch_buckets or _pow2_buckets(1, max_batch_rows)))
-        self.prompt_buckets = tuple(sorted(prompt_buckets or _pow2_buckets(min(16, max_seq_len), max_seq_len)))
-        self.new_token_buckets = tuple(sorted(new_token_buckets or _pow2_buckets(min(16, max_seq_len), max_seq_len)))
+        self.batch_buckets = tuple(sorted(batch_buckets or pow2_buckets(1, max_batch_rows)))
+        self.prompt_buckets = tuple(sorted(prompt_buckets or pow2_buckets(min(16, max_seq_len), max_seq_len)))
+        self.new_token_buckets = tuple(sorted(new_token_buckets or pow2_buckets(min(16, max_seq_len), max_seq_len)))
         self.max_stop_ids = int(max_stop_ids)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.share_prefix = bool(share_prefix)
         # Rows per group: powers of two that divide some batch bucket (1 always does).
         top = self.batch_buckets[-1]
-        self.group_buckets = tuple(r for r in _pow2_buckets(1, top) if r & (r - 1) == 0
+        self.group_buckets = tuple(r for r in pow2_buckets(1, top) if r & (r - 1) == 0
                                    and any(b % r == 0 for b in self.batch_buckets)) if self.share_prefix else (1,)
         self._lock = threading.Lock()
         self._convert = jax.jit(functools.partial(qwen3.engine_params, cfg=cfg))

@@ -2,22 +2,21 @@
 
 Started by ``launch/vllm_sidecar.sh`` as ``vllm serve ... --worker-extension-cls
 jaxrl.rollout.vllm_worker.OrbaxWeightLoader`` (vLLM mixes the class into every GPU worker;
-qwen3_vllm.md §4.1). The trainer's `SidecarClient(backend="vllm").load_weights(version, path)`
-then calls ``POST /collective_rpc {"method": "load_orbax_version", "args": [path, version]}``,
-which runs `OrbaxWeightLoader.load_orbax_version` on every worker, followed by
-``POST /reset_prefix_cache`` so no KV computed with the old weights is reused (the prefix cache
-lives in the engine core, not in the workers). Both routes need ``VLLM_SERVER_DEV_MODE=1``.
+qwen3_vllm.md §4.1). vLLM listens on loopback only; the jaxrl front (vllm_backend.py) checks the
+token and the path, then runs `OrbaxWeightLoader.load_orbax_version` on every worker through
+vLLM's ``POST /collective_rpc`` and reads each worker's `jaxrl_version` back before it resumes
+generation (development routes: ``VLLM_SERVER_DEV_MODE=1``).
 
 The worker reads the Orbax checkpoint with tensorstore only: **this module never imports JAX**
 (a test imports it in a fresh process and checks ``'jax' not in sys.modules``). Names and layouts
 are converted by the one mapping table of `jaxrl.models.hf_io` (``[in, out]`` -> HF ``[out, in]``,
-per-layer slices of the stacked arrays), giving full, unsharded, HF-named bf16 tensors that
-``model.load_weights`` routes and shards itself. For tied configs (0.6B–4B) no ``lm_head.weight``
-is sent, only ``model.embed_tokens.weight``, which is what vLLM 0.33 requires.
+per-layer slices of the stacked arrays), giving full, unsharded, HF-named tensors in the stored
+dtype that ``model.load_weights`` routes and shards itself. For tied configs (0.6B–4B) no
+``lm_head.weight`` is sent, only ``model.embed_tokens.weight``, which is what vLLM 0.33 requires.
 
-Security: ``/collective_rpc`` is not covered by vLLM's ``--api-key``; bind the server to loopback
-(the launch script does) and this loader only accepts committed version directories directly
-inside ``$JAXRL_SYNC_DIR`` (symlinks and ``..`` resolved).
+Security: ``/collective_rpc`` is not covered by vLLM's ``--api-key``; vLLM is bound to loopback
+behind the jaxrl front, and this loader itself also only accepts committed version directories
+directly inside ``$JAXRL_SYNC_DIR`` (symlinks and ``..`` resolved).
 
 vLLM-specific lines are marked ``# vLLM:``; they assume the worker attributes
 ``self.model_runner.model`` (with ``load_weights(weights=iterable)``) and

@@ -29,21 +29,24 @@ import jax
 import numpy as np
 
 from jaxrl import config as config_lib
-from jaxrl import parallel
+from jaxrl import gpu_memory, parallel
+from jaxrl.buckets import round_up
 from jaxrl.envs import (DEFAULT_POLICY_DIR, ChatTemplate, RolloutConfig, Trajectory, get_task_suite, load_tasks,
                         run_rollouts)
 from jaxrl.models import hf_io, qwen3
 from jaxrl.rl import advantages as adv_lib
 from jaxrl.rl import losses
 from jaxrl.rollout import weight_sync
-from jaxrl.rollout.sidecar import SidecarClient, SidecarError, SidecarProcess
+from jaxrl.rollout.client import SidecarClient, SidecarError
+from jaxrl.rollout.process import SidecarProcess
 from jaxrl.rollout.types import SamplingParams
 from jaxrl.train import step as step_lib
 from jaxrl.train.checkpoint import CheckpointStore
 from jaxrl.train.metrics import RewardEMA, RunLogger, plot_rewards, write_report
 
-# Keys that may differ between the rl_config.json of a run and the command that resumes it.
-RESUMABLE_CHANGES = ("trainer.num_steps",)
+# Keys that may differ between the rl_config.json of a run and the command that resumes it
+# (sidecar URLs: a resubmitted cluster job gets other nodes for its engines).
+RESUMABLE_CHANGES = ("trainer.num_steps", "generator.sidecar_urls")
 
 # Fault injection for the kill tests: JAXRL_KILL_AT="<point>:<step>" makes the trainer SIGKILL
 # itself at that point of that step (points: "generate" = after the first rollout turn was
@@ -152,11 +155,8 @@ def loss_config(c) -> losses.LossConfig:
 
 def bucket_length(n: int, buckets) -> int:
     """The smallest bucket >= n. Raises ValueError when n exceeds the largest bucket."""
-    for b in sorted(buckets):
-        if b >= n:
-            return int(b)
-    raise ValueError(f"a trajectory of {n} tokens exceeds the largest trainer.seq_len_buckets entry "
-                     f"{max(buckets)}; add a larger bucket or lower generator limits")
+    return round_up(n, buckets, "trajectory length (tokens)",
+                    fix="add a larger trainer.seq_len_buckets entry or lower the generator limits")
 
 
 def pack_trajectories(trajs: list[Trajectory], advantages: np.ndarray, buckets) -> dict[str, np.ndarray]:
@@ -261,7 +261,7 @@ class Trainer:
         # evaluation and run logs; every process takes part in the sharded update, the weight
         # publication and the checkpoints. The run directory must be on a shared filesystem.
         self.is_main = jax.process_index() == 0
-        config_lib.validate(c, num_devices=jax.device_count())
+        config_lib.validate(c, num_devices=jax.device_count(), platform=jax.default_backend())
         if os.path.exists(self.workdir) and not os.path.isdir(self.workdir):
             raise config_lib.ConfigError("--workdir", f"{self.workdir} exists and is not a directory",
                                          "pass a directory (it is created if missing)")
@@ -381,14 +381,21 @@ class Trainer:
     # -- sidecars -----------------------------------------------------------------------------
     def _start_sidecars(self):
         c = self.c
-        if c.generator.backend == "vllm":
-            self.client = SidecarClient(list(c.generator.sidecar_urls), token_file=self._token_file(), backend="vllm")
-            return
         rows = min(512, c.trainer.train_batch_size * c.generator.n_samples_per_prompt)
+        if c.generator.sidecar_urls:  # external sidecars (vLLM, or JAX ones started by launch/slurm_job.sh)
+            self.client = SidecarClient(list(c.generator.sidecar_urls), token_file=self._token_file(),
+                                        backend=c.generator.backend,
+                                        max_prompts_per_request=max(1, rows // c.generator.n_samples_per_prompt))
+            if c.generator.colocate_with_trainer:  # they must claim the configured share of the trainer's GPUs
+                gpu_memory.check_external_sidecars(c, self.client.health())
+            return
         max_seq = self._rollout_cfg().max_seq_len
         extra = ["--resume-latest", "--exit-with-parent", "--max-batch-rows", str(rows), "--max-seq-len", str(max_seq),
-                 "--dtype", c.model.compute_dtype, "--log-level", "warning"]
-        env = {"XLA_FLAGS": "", "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "")}
+                 "--dtype", c.model.compute_dtype, "--log-level", "warning",
+                 # request limits that admit every request this run sends (chunks of <= rows samples)
+                 "--max-n", str(max(256, c.generator.n_samples_per_prompt)), "--max-prompt-tokens", str(max_seq),
+                 "--max-total-tokens", str(max(1 << 25, rows * max_seq))]
+        env = {"XLA_FLAGS": "", "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", ""), **gpu_memory.sidecar_env(c)}
         for i in range(c.generator.num_sidecars):
             sp = SidecarProcess(self.model_dir, sync_dir=self.sync_dir, token_file=self._token_file(), extra_args=extra,
                                 env=env, log_path=os.path.join(self.workdir, f"sidecar_{i}.log"))
@@ -440,7 +447,8 @@ class Trainer:
         g = self.c.generator
         max_seq = config_lib.rollout_max_seq_len(self.c)
         return RolloutConfig(n_samples_per_prompt=n or g.n_samples_per_prompt, max_turns=g.max_turns,
-                             max_tokens_per_turn=g.sampling_params.max_generate_length, max_seq_len=max_seq)
+                             max_tokens_per_turn=g.sampling_params.max_generate_length, max_seq_len=max_seq,
+                             execute_truncated_turns=g.execute_truncated_turns)
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:

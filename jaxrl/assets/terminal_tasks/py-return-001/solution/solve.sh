@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: the keystrokes of solution/transcript.json as a script.
+printf 'def offset():\n    return 707\n' > /app/solution.py

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle: the keystrokes of solution/transcript.json as a script.
+echo wren > /app/message.txt

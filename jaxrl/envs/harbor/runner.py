@@ -1,0 +1,230 @@
+"""Running many trials at once, and the verifier sanity gate.
+
+`run_trial(task, agent)` is Harbor's `Trial.run`: start, the agent (a callable taking the `Trial`)
+with its time budget, verification (also after an agent timeout), close. An agent that raises
+`AgentStop` (or any exception) ends the trial unverified with `agent_error` /
+`context_length_exceeded`; a `SandboxError` gives `sandbox_error`. The agent runs in its own thread,
+so an agent stuck outside the sandbox (e.g. waiting on a generation request) cannot hold the trial
+past its deadline: at the deadline the trial's processes are killed, later agent calls raise
+`AgentTimeoutError`, and the verifier runs.
+
+`run_trials(jobs, concurrency=N)` runs `(task, agent)` jobs on N worker threads (default: the
+number of usable CPU cores); `arun_trials` is the same for asyncio code. Trials are independent
+processes, so threads are enough: the Python side only waits.
+
+`check_tasks(tasks)` is the verifier sanity gate: for every task, the oracle (`solution/solve.sh`,
+must get reward 1) and the empty agent (does nothing, must get reward 0), all in parallel. A task
+fails the gate when the oracle is missing or does not earn exactly 1.0 with outcome ok, or when the
+empty agent earns anything but exactly 0.0 with outcome ok (an inverted verifier pays 1 for an empty
+/app; a verifier that writes no reward on failure is also reported).
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import os
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Sequence
+
+from jaxrl.envs.harbor.errors import AgentTimeoutError, SandboxError
+from jaxrl.envs.harbor.task import HarborTask
+from jaxrl.envs.harbor.trial import AgentStop, Outcome, Trial, TrialConfig, TrialResult
+
+log = logging.getLogger(__name__)
+
+Agent = Callable[[Trial], None]
+AGENT_GRACE_SEC = 5.0  # how long past the deadline a stuck agent thread is waited for
+
+
+def default_concurrency() -> int:
+    """The number of CPU cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def empty_agent(trial: Trial) -> None:
+    """Does nothing: the verifier sees /app as the environment left it."""
+
+
+def oracle_agent(trial: Trial) -> None:
+    """Runs the task's solution/solve.sh."""
+    trial.run_oracle()
+
+
+def run_trial(task: HarborTask, agent: Optional[Agent] = None, *, config: TrialConfig = TrialConfig(),
+              trial_dir: Optional[str | os.PathLike] = None, name: Optional[str] = None) -> TrialResult:
+    """Runs one trial to the end (module docstring) and returns its result; never raises for a task,
+    agent or sandbox failure (they are outcomes)."""
+    agent = agent or empty_agent
+    trial = Trial(task, trial_dir, config, name)
+    try:
+        trial.start()
+    except SandboxError as e:
+        log.warning("trial %s: the sandbox did not start: %s", trial.name, e)
+        return trial.close()
+    errors: list[BaseException] = []
+
+    def body():
+        try:
+            agent(trial)
+        except AgentTimeoutError:
+            pass
+        except BaseException as e:  # noqa: BLE001 - recorded as an outcome
+            errors.append(e)
+
+    th = threading.Thread(target=body, daemon=True, name=f"jaxrl-agent-{trial.name}")
+    th.start()
+    th.join(timeout=None if trial.agent_time_left == float("inf") else trial.agent_time_left + AGENT_GRACE_SEC)
+    if th.is_alive():
+        log.warning("trial %s: the agent did not return by its deadline; verifying without it", trial.name)
+        trial._end_agent_phase(timed_out=True)
+    verify = True
+    if errors:
+        e = errors[0]
+        if isinstance(e, AgentStop):
+            trial.stop_agent(e.outcome, str(e))
+            verify = False
+        elif isinstance(e, SandboxError):
+            trial._sandbox_error = trial._sandbox_error or str(e)
+            verify = False
+        else:
+            log.warning("trial %s: the agent raised %s", trial.name, "".join(traceback.format_exception(e))[-2000:])
+            trial.stop_agent(Outcome.AGENT_ERROR, f"{type(e).__name__}: {e}")
+            verify = False
+    if verify:
+        trial.verify()
+    return trial.close()
+
+
+def run_trials(jobs: Iterable[tuple[HarborTask, Optional[Agent]]], *, config: TrialConfig = TrialConfig(),
+               concurrency: Optional[int] = None, trials_dir: Optional[str | os.PathLike] = None,
+               on_result: Optional[Callable[[TrialResult], None]] = None) -> list[TrialResult]:
+    """Runs `(task, agent)` jobs with at most `concurrency` trials at once (default
+    `default_concurrency()`); returns the results in job order.
+
+    Args:
+      jobs: the trials to run (agent None = the empty agent).
+      config: the trial configuration.
+      concurrency: trials in flight.
+      trials_dir: where trial directories go (default: a temporary directory removed at the end; the
+        results are returned in memory).
+      on_result: called (from a worker thread) as each trial finishes.
+    """
+    jobs = list(jobs)
+    config.validate()
+    n = default_concurrency() if concurrency is None else concurrency
+    if n < 1:
+        raise ValueError(f"concurrency={concurrency}: must be >= 1")
+    root = Path(trials_dir) if trials_dir is not None else Path(tempfile.mkdtemp(prefix="jaxrl-trials-"))
+    root.mkdir(parents=True, exist_ok=True)
+    if config.sandbox.host_uid is not None:
+        os.chmod(root, 0o711)
+
+    def one(job):
+        task, agent = job
+        r = run_trial(task, agent, config=config, trial_dir=root / _unique(task))
+        if on_result is not None:
+            on_result(r)
+        return r
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=n, thread_name_prefix="jaxrl-trials") as ex:
+            return list(ex.map(one, jobs))
+    finally:
+        if trials_dir is None:
+            from jaxrl.envs.harbor.sandbox import remove_tree
+
+            remove_tree(root)
+
+
+_COUNTER = iter(range(1 << 62))
+_COUNTER_LOCK = threading.Lock()
+
+
+def _unique(task: HarborTask) -> str:
+    import re
+
+    with _COUNTER_LOCK:
+        i = next(_COUNTER)
+    return f"{re.sub(r'[^A-Za-z0-9._-]', '_', task.name)[:32]}__{os.getpid()}-{i}"
+
+
+async def arun_trials(jobs: Iterable[tuple[HarborTask, Optional[Agent]]], *, config: TrialConfig = TrialConfig(),
+                      concurrency: Optional[int] = None,
+                      trials_dir: Optional[str | os.PathLike] = None) -> list[TrialResult]:
+    """`run_trials` for asyncio code: the trials run on worker threads, the event loop stays free."""
+    return await asyncio.to_thread(run_trials, jobs, config=config, concurrency=concurrency, trials_dir=trials_dir)
+
+
+@dataclasses.dataclass
+class TaskCheck:
+    """The sanity-gate result of one task."""
+
+    task_name: str
+    oracle: Optional[TrialResult]
+    empty: TrialResult
+    problems: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+
+def _describe(r: TrialResult) -> str:
+    s = f"reward {r.reward:g} ({r.outcome})"
+    if r.error and r.outcome != Outcome.OK:
+        s += f": {r.error[:120]}"
+    return s
+
+
+def check_tasks(tasks: Sequence[HarborTask], *, config: TrialConfig = TrialConfig(keep="none"),
+                concurrency: Optional[int] = None, trials_dir: Optional[str | os.PathLike] = None) -> list[TaskCheck]:
+    """The verifier sanity gate (module docstring): oracle and empty agent for every task, in parallel.
+
+    Returns:
+      One `TaskCheck` per task, in task order.
+    """
+    jobs = []
+    for t in tasks:
+        if t.has_oracle:
+            jobs.append((t, oracle_agent))
+        jobs.append((t, empty_agent))
+    results = iter(run_trials(jobs, config=config, concurrency=concurrency, trials_dir=trials_dir))
+    checks = []
+    for t in tasks:
+        oracle = next(results) if t.has_oracle else None
+        empty = next(results)
+        problems = []
+        if oracle is None:
+            problems.append("no oracle (solution/solve.sh)")
+        elif not (oracle.outcome == Outcome.OK and oracle.reward == 1.0):
+            problems.append(f"oracle: {_describe(oracle)}, expected reward 1")
+        if not (empty.outcome == Outcome.OK and empty.reward == 0.0):
+            hint = " (inverted verifier?)" if empty.reward > 0 else ""
+            problems.append(f"empty agent: {_describe(empty)}, expected reward 0{hint}")
+        checks.append(TaskCheck(t.name, oracle, empty, problems))
+    return checks
+
+
+def format_check_table(checks: Sequence[TaskCheck], *, failures_only: bool = True) -> str:
+    """A plain-text table of the gate (the failing tasks, or all) and a summary line."""
+    rows = [c for c in checks if not (failures_only and c.passed)]
+    lines = []
+    if rows:
+        w = max(len("task"), *(len(c.task_name) for c in rows))
+        lines.append(f"{'task':<{w}}  {'oracle':<9}  {'empty':<9}  problem")
+        lines.append(f"{'-' * w}  {'-' * 9}  {'-' * 9}  {'-' * 7}")
+        for c in rows:
+            o = "-" if c.oracle is None else f"{c.oracle.reward:g}"
+            lines.append(f"{c.task_name:<{w}}  {o:<9}  {c.empty.reward:<9g}  {'; '.join(c.problems) or 'ok'}")
+    n_fail = sum(not c.passed for c in checks)
+    lines.append(f"{len(checks) - n_fail}/{len(checks)} tasks pass the gate (oracle reward 1, empty agent reward 0)"
+                 + (f"; {n_fail} fail" if n_fail else ""))
+    return "\n".join(lines)

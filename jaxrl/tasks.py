@@ -1,0 +1,155 @@
+"""`python -m jaxrl.tasks`: check, list and run Harbor task sets in the local sandbox.
+
+    python -m jaxrl.tasks check [PATH]         # the verifier sanity gate: oracle -> 1, empty agent -> 0
+    python -m jaxrl.tasks list [PATH]          # tasks, profiles, timeouts (or why a task is invalid)
+    python -m jaxrl.tasks run-oracle PATH --task NAME [--empty]   # one trial, with the verifier's output
+
+PATH is a task directory, a folder of tasks or a DCAgent .parquet file; default: the shipped set.
+Exit status of `check`: 0 when every task passes, 1 when some fail, 2 when the set or the sandbox
+cannot be used (a one-line reason on stderr).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+from jaxrl.envs.harbor import (SHIPPED_TASKS_DIR, UNSAFE_HOST_BACKEND, HarborTaskError, SandboxConfig, SandboxError,
+                               TrialConfig, check_sandbox, check_tasks, default_concurrency, empty_agent,
+                               format_check_table, load_task_set, oracle_agent, run_trial)
+
+
+def _trial_config(args, keep: str) -> TrialConfig:
+    sb = SandboxConfig(backend=UNSAFE_HOST_BACKEND if args.UNSAFE_no_sandbox else "bwrap",
+                       limits_backend=args.limits, host_uid=args.host_uid)
+    return TrialConfig(agent_timeout_sec=args.agent_timeout, verifier_timeout_sec=args.verifier_timeout,
+                       sandbox=sb, keep=keep)
+
+
+def _load(args):
+    errors: list = []
+    tasks = load_task_set(args.path, extract_dir=args.extract_dir, skip_invalid=args.skip_invalid, errors=errors)
+    for src, msg in errors:
+        print(f"invalid task skipped: {msg}", file=sys.stderr)
+    return tasks
+
+
+def cmd_check(args) -> int:
+    tasks = _load(args)
+    if args.task:
+        tasks = [t for t in tasks if t.name in args.task or t.path.name in args.task]
+        if not tasks:
+            print(f"error: no task named {args.task} in {args.path}", file=sys.stderr)
+            return 2
+    config = _trial_config(args, keep="all" if args.trials_dir else "none")
+    check_sandbox(config.sandbox)
+    n = args.concurrency or default_concurrency()
+    print(f"checking {len(tasks)} tasks from {args.path} ({n} trials at a time)...", file=sys.stderr)
+    t0 = time.monotonic()
+    checks = check_tasks(tasks, config=config, concurrency=n, trials_dir=args.trials_dir)
+    dt = time.monotonic() - t0
+    print(format_check_table(checks, failures_only=not args.all))
+    print(f"({2 * len(tasks)} trials in {dt:.1f} s)", file=sys.stderr)
+    if args.json:
+        from jaxrl.fileio import atomic_write_json
+
+        atomic_write_json(args.json, [{"task": c.task_name, "passed": c.passed, "problems": c.problems,
+                                       "oracle": c.oracle.to_row() if c.oracle else None,
+                                       "empty": c.empty.to_row()} for c in checks])
+    return 0 if all(c.passed for c in checks) else 1
+
+
+def cmd_list(args) -> int:
+    errors: list = []
+    tasks = load_task_set(args.path, extract_dir=args.extract_dir, skip_invalid=True, errors=errors)
+    w = max([len("task")] + [len(t.name) for t in tasks])
+    print(f"{'task':<{w}}  {'profile':<7}  {'agent s':>7}  {'verif s':>7}  {'mem MB':>6}  oracle  family")
+    for t in tasks:
+        a = "-" if t.config.agent_timeout_sec is None else f"{t.config.agent_timeout_sec:g}"
+        print(f"{t.name:<{w}}  {t.environment.profile:<7}  {a:>7}  {t.config.verifier_timeout_sec:>7g}  "
+              f"{t.config.memory_mb:>6}  {'yes' if t.has_oracle else 'no':<6}  {t.config.metadata.get('family', '')}")
+    for src, msg in errors:
+        print(f"INVALID {msg}")
+    print(f"{len(tasks)} valid tasks, {len(errors)} invalid", file=sys.stderr)
+    return 0 if not errors else 1
+
+
+def cmd_run_oracle(args) -> int:
+    tasks = _load(args)
+    if args.task:
+        tasks = [t for t in tasks if t.name == args.task or t.path.name == args.task]
+    if len(tasks) != 1:
+        print(f"error: pick one task with --task (found {len(tasks)} matching in {args.path})", file=sys.stderr)
+        return 2
+    config = _trial_config(args, keep="all")
+    check_sandbox(config.sandbox)
+    import tempfile
+
+    trial_dir = args.trials_dir or tempfile.mkdtemp(prefix="jaxrl-trial-")
+    r = run_trial(tasks[0], empty_agent if args.empty else oracle_agent, config=config,
+                  trial_dir=f"{trial_dir}/{tasks[0].path.name}")
+    print(f"--- test-stdout.txt (tail) ---\n{r.test_output}")
+    print(json.dumps(r.to_row(), indent=2))
+    print(f"trial directory: {trial_dir}/{tasks[0].path.name}", file=sys.stderr)
+    return 0 if r.reward == (0.0 if args.empty else 1.0) else 1
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m jaxrl.tasks", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def common(sp, path_default=True):
+        sp.add_argument("path", nargs="?" if path_default else None, default=str(SHIPPED_TASKS_DIR),
+                        help="task directory, folder of tasks, or DCAgent .parquet (default: the shipped set)")
+        sp.add_argument("--skip-invalid", action="store_true", help="skip invalid tasks (reported) instead of failing")
+        sp.add_argument("--extract-dir", default=None,
+                        help="where a .parquet set is unpacked (default: <file>.parquet.tasks/ next to it)")
+
+    def trial_opts(sp):
+        sp.add_argument("--agent-timeout", type=float, default=None, help="agent budget, s (default: task.toml)")
+        sp.add_argument("--verifier-timeout", type=float, default=None, help="verifier budget, s (default: task.toml)")
+        sp.add_argument("--limits", choices=("auto", "cgroup", "rlimit"), default="auto",
+                        help="how processes and memory are limited (default: cgroups when writable)")
+        sp.add_argument("--host-uid", type=int, default=None,
+                        help="as root: run sandboxes as this unprivileged host uid (needed for rlimits as root)")
+        sp.add_argument("--trials-dir", default=None, help="keep the trial directories here")
+        sp.add_argument("--UNSAFE-no-sandbox", dest="UNSAFE_no_sandbox", action="store_true",
+                        help="run task and agent commands directly on this host WITHOUT ISOLATION (disposable "
+                             "machines only; one trial at a time)")
+
+    sp = sub.add_parser("check", help="verifier sanity gate: oracle must get 1, the empty agent 0")
+    common(sp)
+    trial_opts(sp)
+    sp.add_argument("--concurrency", type=int, default=None, help="trials at a time (default: CPU cores)")
+    sp.add_argument("--task", action="append", help="only this task (repeatable)")
+    sp.add_argument("--all", action="store_true", help="print every task, not only the failing ones")
+    sp.add_argument("--json", default=None, help="also write the results to this JSON file")
+    sp.set_defaults(fn=cmd_check)
+
+    sp = sub.add_parser("list", help="list the tasks of a set (and the invalid ones with the reason)")
+    common(sp)
+    sp.set_defaults(fn=cmd_list)
+
+    sp = sub.add_parser("run-oracle", help="run one task's oracle (or the empty agent) and show the verifier output")
+    common(sp)
+    trial_opts(sp)
+    sp.add_argument("--task", default=None, help="the task name (or directory name)")
+    sp.add_argument("--empty", action="store_true", help="run the empty agent instead of the oracle")
+    sp.set_defaults(fn=cmd_run_oracle)
+
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if getattr(args, "concurrency", None) is not None and args.concurrency < 1:
+        p.error("--concurrency must be >= 1")
+    try:
+        return args.fn(args)
+    except (HarborTaskError, SandboxError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

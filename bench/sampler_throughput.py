@@ -37,6 +37,8 @@ def make_hf_model(path: str, args):
 
 
 def bench_generation(args, ckpt: str, hf_model) -> tuple[float, float]:
+    """Best tokens/s of the engine and of HF ``generate``, measured in alternation (one call of
+    each per round), so that a load change on a shared machine hits both sides alike."""
     import torch
 
     from jaxrl.rollout.sampler import sampler_from_hf
@@ -50,14 +52,6 @@ def bench_generation(args, ckpt: str, hf_model) -> tuple[float, float]:
                               eos_token_ids=())
     params = SamplingParams(max_tokens=N, greedy=not args.sample, temperature=1.0, seed=0)
     sampler.generate(prompts, params)  # compile
-    times = []
-    for _ in range(args.repeats):
-        t = time.perf_counter()
-        out = sampler.generate(prompts, params)
-        times.append(time.perf_counter() - t)
-    assert all(len(g[0].token_ids) == N for g in out)
-    ours = B * N / min(times)
-    step_report(args, sampler, prompts, min(times))
 
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     hf_model = hf_model.to(dtype)
@@ -67,17 +61,26 @@ def bench_generation(args, ckpt: str, hf_model) -> tuple[float, float]:
         kw.update(temperature=1.0, top_p=1.0, top_k=0)
     # The reference gets its best thread count: on a loaded machine torch's multi-threaded kernels
     # can be an order of magnitude slower than one thread.
-    times = []
-    for threads in sorted({1, os.cpu_count() or 1}):
-        torch.set_num_threads(threads)
-        with torch.no_grad():
-            hf_model.generate(ids, attention_mask=torch.ones_like(ids), **kw)  # warm-up
-            for _ in range(args.repeats):
+    thread_counts = sorted({1, os.cpu_count() or 1})
+    with torch.no_grad():
+        for threads in thread_counts:  # warm-up
+            torch.set_num_threads(threads)
+            hf_model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+    ours_t, hf_t = [], []
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        out = sampler.generate(prompts, params)
+        ours_t.append(time.perf_counter() - t)
+        for threads in thread_counts:
+            torch.set_num_threads(threads)
+            with torch.no_grad():
                 t = time.perf_counter()
                 gen = hf_model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
-                times.append(time.perf_counter() - t)
+                hf_t.append(time.perf_counter() - t)
+    assert all(len(g[0].token_ids) == N for g in out)
     assert gen.shape == (B, args.prompt_len + N)
-    hf = B * N / min(times)
+    ours, hf = B * N / min(ours_t), B * N / min(hf_t)
+    step_report(args, sampler, prompts, min(ours_t))
     if not args.sample:
         agree = np.mean([g[0].token_ids == gen[i, args.prompt_len:].tolist() for i, g in enumerate(out)])
         print(f"greedy outputs identical to HF for {agree:.0%} of rows")

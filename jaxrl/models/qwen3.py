@@ -535,15 +535,20 @@ def prefill(ep: dict, cfg: Qwen3Config, tokens, token_mask):
     cos, sin = cos[:, :, None], sin[:, :, None]
     idx = jnp.arange(P)
     mask = (idx[:, None] >= idx[None, :])[None] & token_mask[:, None, :]       # [G, P, P]
+    last = (P - 1 - jnp.argmax(token_mask[:, ::-1], axis=1))[:, None]           # last prompt token
     x = jnp.take(ep["embed_tokens"], tokens, axis=0)
     kv = []
-    for p in ep["layers"]:
+    for i, p in enumerate(ep["layers"]):
         q, k, v = _engine_qkv(cfg, p, x, cos, sin)
-        a = attention(q, k, v, mask, cfg.attention)                             # [G, P, Nq, D]
-        x = _engine_out(cfg, p, x, a.reshape(G, P, -1))
         kv.append((k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)))
-    last = P - 1 - jnp.argmax(token_mask[:, ::-1], axis=1)                      # last prompt token
-    h = rms_norm(jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0], ep["norm"], cfg.rms_norm_eps)
+        if i < len(ep["layers"]) - 1:
+            a = attention(q, k, v, mask, cfg.attention)                         # [G, P, Nq, D]
+            x = _engine_out(cfg, p, x, a.reshape(G, P, -1))
+        else:  # only the last token's output is used after the last layer's K/V
+            q = jnp.take_along_axis(q, last[:, :, None, None], axis=1)          # [G, 1, Nq, D]
+            a = attention(q, k, v, token_mask[:, None, :], cfg.attention)       # keys <= last: all
+            x = _engine_out(cfg, p, jnp.take_along_axis(x, last[:, :, None], axis=1), a.reshape(G, 1, -1))
+    h = rms_norm(x[:, 0], ep["norm"], cfg.rms_norm_eps)
     logits = jnp.einsum("ge,ev->gv", h, _engine_head(ep, cfg), preferred_element_type=jnp.float32)
     return logits, tuple(kv)
 

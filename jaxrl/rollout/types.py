@@ -95,7 +95,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.greedy must be True or False, got {self.greedy!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         if self.logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(f"SamplingParams.logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
+            raise ValueError(f"SamplingParams.logprobs_mode must be one of {LOGPROBS_MODES}, "
+                             f"got {self.logprobs_mode!r}")
 
 
 @dataclasses.dataclass

@@ -43,8 +43,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict()
     c.model.path = ""  # HF checkpoint directory; "" = the embedded default policy
     c.model.compute_dtype = "float32"  # "bfloat16" on accelerators; params are fp32 masters
-    c.model.remat = "none"  # none | full | save_dots
-    c.model.attention_impl = "xla"  # xla | cudnn
+    c.model.remat = "none"  # none | full | save_dots | save_attention | save_dots_attention
+    c.model.attention_impl = "xla"  # xla (blocked flash, any backend) | cudnn (GPU) | splash (TPU)
     c.model.logprobs_chunk_size = 1024  # tokens per chunk of the chunked log-softmax
     c.model.preset = ""  # Qwen3 preset (e.g. "8B") used by `jaxrl.plan` when model.path is empty
 
@@ -122,6 +122,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.trainer.optimizer.max_grad_norm = 0.9
     c.trainer.optimizer.scheduler = "constant"  # constant | cosine (both after linear warm-up)
     c.trainer.optimizer.num_warmup_steps = 0  # optimizer steps
+    # Where the optimizer state lives between steps: none (device) | moments (Adam mu/nu in pinned
+    # host memory, e.g. a GH200's Grace memory) | moments_and_master (also the fp32 master params).
+    c.trainer.optimizer.offload = "none"
 
     c.trainer.algorithm = ml_collections.ConfigDict()
     c.trainer.algorithm.advantage_estimator = "rloo_n"
@@ -196,7 +199,7 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     c.trainer.num_steps = 200
     c.trainer.train_batch_size = 64
     c.trainer.mini_batch_size = 64
-    c.trainer.micro_batch_size = 16  # one sequence per device on 2 nodes x 8 GPUs
+    c.trainer.micro_batch_size = 8  # one 32k-token sequence per device on 8 trainer GPUs (2 GH200 nodes)
     c.trainer.eval_interval = 10
     c.trainer.ckpt_interval = 5
     c.trainer.seq_len_buckets = (4096, 8192, 16384, 32768)
@@ -297,6 +300,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
     _require(o.scheduler in ("constant", "cosine"), "trainer.optimizer.scheduler",
              f"unknown scheduler {o.scheduler!r}", "use 'constant' or 'cosine'")
     _require(o.num_warmup_steps >= 0, "trainer.optimizer.num_warmup_steps", "must be >= 0", "use 0")
+    _require(o.offload in ("none", "moments", "moments_and_master"), "trainer.optimizer.offload",
+             f"unknown placement {o.offload!r}", "use 'none', 'moments' or 'moments_and_master'")
     col = t.collapse
     _require(col.action in ("stop", "rollback"), "trainer.collapse.action", f"unknown action {col.action!r}",
              "use 'stop' or 'rollback'")
@@ -346,10 +351,12 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
     # Model / data.
     _require(c.model.compute_dtype in ("float32", "bfloat16"), "model.compute_dtype",
              f"unknown dtype {c.model.compute_dtype!r}", "use 'float32' or 'bfloat16'")
-    _require(c.model.remat in ("none", "full", "save_dots"), "model.remat", f"unknown policy {c.model.remat!r}",
-             "use 'none', 'full' or 'save_dots'")
-    _require(c.model.attention_impl in ("xla", "cudnn"), "model.attention_impl",
-             f"unknown implementation {c.model.attention_impl!r}", "use 'xla' (CPU/TPU) or 'cudnn' (GPU)")
+    _require(c.model.remat in ("none", "full", "save_dots", "save_attention", "save_dots_attention"), "model.remat",
+             f"unknown policy {c.model.remat!r}",
+             "use 'none', 'full', 'save_dots', 'save_attention' or 'save_dots_attention'")
+    _require(c.model.attention_impl in ("xla", "cudnn", "splash"), "model.attention_impl",
+             f"unknown implementation {c.model.attention_impl!r}",
+             "use 'xla' (any backend), 'cudnn' (NVIDIA GPU) or 'splash' (TPU)")
     if c.data.task == "dataset" and check_inputs:
         _require(bool(c.data.dataset_path) and os.path.exists(c.data.dataset_path), "data.dataset_path",
                  f"{c.data.dataset_path!r} does not exist", "point it at a .jsonl or .parquet prompt file")

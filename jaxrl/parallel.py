@@ -217,12 +217,34 @@ def param_shardings(axes: dict, mesh: Mesh, shapes: dict | None = None,
     return _unflatten((p, NamedSharding(mesh, logical_to_spec(a, rules))) for p, a in _flatten(axes))
 
 
-def opt_state_shardings(opt_state, params, param_sharding, mesh: Mesh):
+def with_memory_kind(shardings, memory_kind: str | None):
+    """A tree of NamedShardings with ``memory_kind`` set on every leaf (``'pinned_host'`` keeps
+    the arrays in host memory, e.g. the CPU memory of a GH200 superchip; ``'device'``); ``None``
+    returns the tree unchanged.
+
+    Raises:
+      ValueError: when the devices do not offer that memory kind (named in the message).
+    """
+    if memory_kind is None:
+        return shardings
+    leaves = jax.tree.leaves(shardings)
+    if leaves:
+        kinds = {m.kind for m in leaves[0].mesh.devices.flat[0].addressable_memories()}
+        if memory_kind not in kinds:
+            raise ValueError(f"memory kind {memory_kind!r} is not offered by {leaves[0].mesh.devices.flat[0]} "
+                             f"(it has {sorted(kinds)}); use trainer.optimizer.offload='none' on this backend")
+    return jax.tree.map(lambda s: s.with_memory_kind(memory_kind), shardings)
+
+
+def opt_state_shardings(opt_state, params, param_sharding, mesh: Mesh, memory_kind: str | None = None):
     """Shardings for an optax state: every subtree with the params' tree structure (Adam mu/nu,
     EMA copies, ...) gets ``param_sharding``; every other leaf (step counts, scalars) is replicated.
+    ``memory_kind`` (e.g. ``'pinned_host'``) places the whole state there (see :func:`with_memory_kind`).
 
     ``opt_state`` / ``params`` may be abstract (``jax.eval_shape``) or concrete.
     """
+    if memory_kind is not None:
+        return with_memory_kind(opt_state_shardings(opt_state, params, param_sharding, mesh), memory_kind)
     pstruct = jax.tree.structure(params)
     replicated = NamedSharding(mesh, P())
 

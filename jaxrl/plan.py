@@ -7,11 +7,15 @@ The compiled program is the real one (`jaxrl.train.step.train_step`: forward, ch
 logprobs, the policy loss, micro-batch accumulation, AdamW update with donated params and
 optimizer state) over one mini-batch of `mini_batch_size * n_samples_per_prompt` sequences.
 Figures come from XLA's `memory_analysis()` of the CPU compilation: they are an estimate for
-GPU (the CPU pipeline all-reduces gradients in f32 instead of reduce-scattering, and XLA
-attention materializes [B, H, T, T] scores where cuDNN flash attention does not).
+GPU that errs high (the CPU pipeline all-reduces gradients in f32 instead of reduce-scattering,
+widens bf16 buffers to f32 where it lacks bf16 kernels — e.g. an f32 copy of the saved layer
+inputs — and compiles the blocked XLA attention, whose memory is linear in T like cuDNN's).
+With `trainer.optimizer.offload` the state kept in pinned host memory is reported separately and
+left out of the per-device total (the CPU analysis counts it with the arguments).
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -24,7 +28,8 @@ _NUM_DEVICES = flags.DEFINE_integer("num_devices", 0, "Fake devices (0: the prod
                                     "or 8 when one axis is -1).")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 0, "Padded sequence length (0: the largest seq_len_bucket that "
                                 "max_seq_len / generator limits need).")
-_ATTENTION = flags.DEFINE_string("attention", "xla", "Attention implementation to compile on CPU (cuDNN is GPU-only).")
+_ATTENTION = flags.DEFINE_string("attention", "xla", "Attention implementation to compile on CPU (cuDNN is GPU-only; "
+                                 "the default blocked kernel's memory is linear in T, as cuDNN's).")
 _DEVICE_MEMORY = flags.DEFINE_float("device_memory_gib", 140.0, "Memory of one GPU in GiB (nvidia-smi's total / "
                                    "1024), for the trainer's share trainer.gpu_memory_fraction: about 140 on an H200, "
                                    "79.6 on an H100 80GB.")
@@ -67,12 +72,15 @@ def plan(c, num_devices: int, seq_len: int, attention: str = "xla") -> dict:
     a = c.trainer.algorithm
     loss_cfg = loss_config(c)
     rows = c.trainer.mini_batch_size * c.generator.n_samples_per_prompt
+    offload = c.trainer.optimizer.offload
     step_cfg = step_lib.StepConfig(loss=loss_cfg, temperature=a.temperature,
                                    num_micro_batches=rows // c.trainer.micro_batch_size,
-                                   chunk_size=c.model.logprobs_chunk_size)
+                                   chunk_size=c.model.logprobs_chunk_size, offload=offload)
     tx, sched = step_lib.make_optimizer(c.trainer.optimizer.lr, 1000, max_grad_norm=c.trainer.optimizer.max_grad_norm)
     abs_opt = jax.eval_shape(tx.init, abstract)
-    osh = parallel.opt_state_shardings(abs_opt, abstract, psh, mesh)
+    moments_host, master_host = step_lib.offloaded(offload)
+    osh = parallel.opt_state_shardings(abs_opt, abstract, psh, mesh, "pinned_host" if moments_host else None)
+    psh = parallel.with_memory_kind(psh, "pinned_host" if master_host else None)
     with_sh = lambda tree, sh: jax.tree.map(lambda s, h: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=h), tree, sh)
     row_sh = parallel.batch_sharding(mesh, 1)
     tok_sh = parallel.batch_sharding(mesh, 2)
@@ -98,11 +106,21 @@ def plan(c, num_devices: int, seq_len: int, attention: str = "xla") -> dict:
     compile_s = time.perf_counter() - t0
     mem = compiled.memory_analysis()
     n_params = sum(int(jnp.prod(jnp.array(x.shape))) for x in jax.tree.leaves(abstract))
-    out = dict(mesh=dict(mesh.shape), params=n_params, rows=rows, seq_len=T,
+
+    def shard_bytes(tree, shardings):
+        return sum(math.prod(sh.shard_shape(x.shape)) * x.dtype.itemsize
+                   for x, sh in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)))
+
+    # Donated state in pinned host memory (trainer.optimizer.offload): XLA's CPU analysis counts
+    # it with the arguments (aliased to the outputs); on a GPU it is not in device memory.
+    host = (shard_bytes(abs_opt, osh) if moments_host else 0) + (shard_bytes(abstract, psh) if master_host else 0)
+    out = dict(mesh=dict(mesh.shape), params=n_params, rows=rows, seq_len=T, offload=offload,
                micro_batches=step_cfg.num_micro_batches, compile_s=compile_s,
                argument_bytes=int(mem.argument_size_in_bytes), output_bytes=int(mem.output_size_in_bytes),
-               alias_bytes=int(mem.alias_size_in_bytes), temp_bytes=int(mem.temp_size_in_bytes))
-    out["total_bytes"] = out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
+               alias_bytes=int(mem.alias_size_in_bytes), temp_bytes=int(mem.temp_size_in_bytes),
+               host_bytes=int(host))
+    out["total_bytes"] = (out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
+                          - out["host_bytes"])
     return out
 
 
@@ -138,8 +156,12 @@ def main(argv):
     print(f"jaxrl plan: {c.name} ({c.scale}), {r['params'] / 1e9:.3f} B params, mesh data={m['data']} x "
           f"fsdp={m['fsdp']} x tensor={m['tensor']} ({n} devices)")
     print(f"  mini-batch: {r['rows']} sequences x {r['seq_len']} tokens in {r['micro_batches']} micro-batches")
-    print(f"  per device: arguments {_gib(r['argument_bytes'])}, outputs {_gib(r['output_bytes'])} "
-          f"(aliased {_gib(r['alias_bytes'])}), temporaries {_gib(r['temp_bytes'])}, total {_gib(r['total_bytes'])}")
+    host = r["host_bytes"]
+    print(f"  per device: arguments {_gib(r['argument_bytes'] - host)}, outputs {_gib(r['output_bytes'] - host)} "
+          f"(aliased {_gib(r['alias_bytes'] - host)}), temporaries {_gib(r['temp_bytes'])}, "
+          f"total {_gib(r['total_bytes'])}")
+    if r["offload"] != "none":
+        print(f"  pinned host memory per device (trainer.optimizer.offload={r['offload']}): {_gib(host)}")
     print(f"  compile time: {r['compile_s']:.1f} s")
     from jaxrl import gpu_memory
 

@@ -139,10 +139,9 @@ def test_review_found_values_are_rejected_up_front(key, value, match):
 def test_micro_batch_must_split_over_the_data_axes_of_the_mesh():
     """Regression: the 8B recipe's micro-batch did not divide the 2-node mesh of the launch script."""
     c = rloo.get_config("qwen3_8b")
-    validate(c, num_devices=16, check_inputs=False)  # data=-1 -> 2, fsdp=8: 16 rows per micro-batch
-    c.trainer.micro_batch_size = 8
+    validate(c, num_devices=8, check_inputs=False)  # 2 GH200 nodes: data=-1 -> 1, fsdp=8: 8 rows
     with pytest.raises(ConfigError, match="do not split over data x fsdp = 16") as e:
-        validate(c, num_devices=16, check_inputs=False)
+        validate(c, num_devices=16, check_inputs=False)  # 8 rows do not split over 16 devices
     assert e.value.key == "trainer.micro_batch_size"
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from jaxrl.models import hf_io, qwen3
+from jaxrl.models import attention, hf_io, qwen3
 from jaxrl.models.qwen3 import Qwen3Config
 from tiny_hf import make_tiny_hf_checkpoint
 
@@ -128,10 +128,11 @@ def _mixed_batch(rng, vocab):
     return toks, pos, seg, seqs, spans
 
 
-def test_padded_and_packed_rows_match_per_sequence_hf(hf_and_params):
+@pytest.mark.parametrize("block", [512, 5])  # one attention block; 4 blocks, T = 16 not a multiple of 5
+def test_padded_and_packed_rows_match_per_sequence_hf(hf_and_params, block):
     hf, cfg, params = hf_and_params
     toks, pos, seg, seqs, spans = _mixed_batch(np.random.default_rng(1), cfg.vocab_size)
-    ours = np.asarray(_forward(params, cfg, toks, pos, seg))
+    ours = np.asarray(_forward(params, cfg.replace(attention_block=block), toks, pos, seg))
     assert np.isfinite(ours).all()  # padding rows too
     for b in range(3):
         for s, (lo, hi) in zip(seqs[b], spans[b]):
@@ -214,7 +215,7 @@ def test_gradients_chunked_vs_full_softmax_and_remat_policies(gqa4):
         return lp.sum() + 0.1 * (-(jnp.exp(ls) * ls).sum(-1)).sum()
 
     ref = jax.jit(jax.grad(full), static_argnums=1)(params, cfg)  # remat "none"
-    for remat in ("full", "save_dots"):
+    for remat in ("full", "save_dots", "save_attention", "save_dots_attention"):
         g = jax.jit(jax.grad(chunked), static_argnums=1)(params, cfg.replace(remat=remat))
         for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(ref)):
             a, b = np.asarray(a), np.asarray(b)
@@ -258,3 +259,124 @@ def test_kv_cache_prefill_and_decode_equal_full_forward(gqa4):
     last = step(params, cfg, toks[:, :P], pos[:, :P], seg[:, :P] > 0, qwen3.init_cache(cfg, B, C),
                 jnp.zeros((B, C), bool), 0, True)
     assert np.abs(np.asarray(last.logits)[:, 0] - full[:, P - 1]).max() <= 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# Training attention kernels (no [T, T] mask)
+# ---------------------------------------------------------------------------------------------
+
+def _attention_reference(q, k, v, seg):
+    """float64 numpy causal, same-segment, non-padding attention; GQA by repeating kv heads.
+    Returns (out [B,T,Nq,D], valid [B,T]: queries with at least one allowed key)."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    B, T, Nq, D = q.shape
+    rep = Nq // k.shape[2]
+    k, v = np.repeat(k, rep, axis=2), np.repeat(v, rep, axis=2)
+    s = np.einsum("bsnd,bcnd->bnsc", q, k) / np.sqrt(D)
+    idx = np.arange(T)
+    allowed = (idx[:, None] >= idx[None, :])[None] & (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] != 0)
+    s = np.where(allowed[:, None], s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+    p = p / np.maximum(p.sum(-1, keepdims=True), 1e-300)
+    return np.einsum("bnsc,bcnd->bsnd", p, v), allowed.any(-1)
+
+
+def _attention_inputs(seed=0, T=23):
+    """GQA 2 (Nq 4, Nkv 2), D 8; rows: right-padded, left-padded, packed 3 sequences + padding."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((3, T, 4, 8)).astype(np.float32)
+    k = rng.standard_normal((3, T, 2, 8)).astype(np.float32)
+    v = rng.standard_normal((3, T, 2, 8)).astype(np.float32)
+    seg = np.zeros((3, T), np.int32)
+    seg[0, :17] = 1
+    seg[1, 6:] = 1
+    seg[2, :5], seg[2, 5:13], seg[2, 13:20] = 1, 2, 3
+    return q, k, v, seg
+
+
+def _attention_grads_reference(q, k, v, seg, w):
+    """float64 gradient of sum(w * out) over valid queries, by central differences of the
+    reference on a few coordinates of each input (independent of any autodiff)."""
+    out = {}
+    rng = np.random.default_rng(7)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        coords = [tuple(rng.integers(0, n) for n in x.shape) for _ in range(6)]
+        vals = []
+        for c in coords:
+            def f(delta):
+                xs = {"q": q, "k": k, "v": v}
+                y = np.array(xs[name], np.float64)
+                y[c] += delta
+                xs[name] = y
+                o, valid = _attention_reference(xs["q"], xs["k"], xs["v"], seg)
+                return np.sum(np.where(valid[..., None, None], o * w, 0.0))
+            vals.append((f(1e-5) - f(-1e-5)) / 2e-5)
+        out[name] = (coords, np.array(vals))
+    return out
+
+
+@pytest.mark.parametrize("block", [4, 7, 64])
+def test_blocked_attention_matches_float64_reference_values_and_grads(block):
+    q, k, v, seg = _attention_inputs()
+    ref, valid = _attention_reference(q, k, v, seg)
+    fn = jax.jit(lambda q, k, v: attention.blocked_attention(q, k, v, seg, block))
+    out = np.asarray(fn(q, k, v))
+    assert np.isfinite(out).all()
+    assert np.abs(np.where(valid[..., None, None], out - ref, 0)).max() <= 2e-6
+    w = np.random.default_rng(1).standard_normal(out.shape).astype(np.float32)
+    loss = lambda q, k, v: jnp.sum(jnp.where(valid[..., None, None], attention.blocked_attention(q, k, v, seg, block) * w, 0))
+    grads = dict(zip("qkv", jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)))
+    for name, (coords, expected) in _attention_grads_reference(q, k, v, seg, w).items():
+        got = np.array([np.asarray(grads[name])[c] for c in coords])
+        np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4, err_msg=name)
+        assert np.isfinite(np.asarray(grads[name])).all()
+
+
+def test_cudnn_layout_check_and_fallback_are_exact():
+    """`cudnn_attention`'s sequence-length formulation (run here through jax.nn's XLA
+    implementation, since cuDNN needs a GPU) on right-padded rows, and its fallback to the blocked
+    kernel for left-padded / packed rows, against the float64 reference."""
+    q, k, v, seg = _attention_inputs(seed=3)
+    lengths, fits = attention.single_sequence_lengths(seg)
+    assert not bool(fits)
+    np.testing.assert_array_equal(np.asarray(lengths), [17, 17, 20])
+    right = np.zeros_like(seg)
+    right[0, :17], right[1, :4], right[2, :] = 1, 2, 1   # row 2: no padding; ids other than 1 are fine
+    lengths, fits = attention.single_sequence_lengths(right)
+    assert bool(fits) and np.asarray(lengths).tolist() == [17, 4, 23]
+    empty = right.copy()
+    empty[1] = 0   # an all-padding row still fits (length clamped to 1, output unused)
+    assert bool(attention.single_sequence_lengths(empty)[1])
+    for s in (right, seg):
+        ref, valid = _attention_reference(q, k, v, s)
+        out = jax.jit(lambda q, k, v: attention.cudnn_attention(q, k, v, s, 8, implementation="xla"))(q, k, v)
+        assert np.abs(np.where(valid[..., None, None], np.asarray(out) - ref, 0)).max() <= 2e-6
+
+
+def test_splash_attention_interpret_mode_matches_reference():
+    """The TPU splash wiring (causal mask + SegmentIds, GQA as per-kv-head MQA), run in Pallas
+    interpret mode on CPU; values and gradients against the float64 reference / blocked kernel."""
+    q, k, v, seg = _attention_inputs(seed=5)
+    ref, valid = _attention_reference(q, k, v, seg)
+    out = np.asarray(jax.jit(lambda q, k, v: attention.splash_attention(q, k, v, seg, interpret=True))(q, k, v))
+    assert np.abs(np.where(valid[..., None, None], out - ref, 0)).max() <= 2e-6
+    w = np.random.default_rng(2).standard_normal(out.shape).astype(np.float32)
+    m = valid[..., None, None]
+    g_splash = jax.grad(lambda q, k, v: jnp.sum(jnp.where(m, attention.splash_attention(q, k, v, seg, interpret=True) * w, 0)),
+                        argnums=(0, 1, 2))(q, k, v)
+    for name, (coords, expected) in _attention_grads_reference(q, k, v, seg, w).items():
+        got = np.array([np.asarray(g_splash["qkv".index(name)])[c] for c in coords])
+        np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4, err_msg=name)
+
+
+def test_attention_config_errors():
+    with pytest.raises(ValueError, match="attention_block"):
+        Qwen3Config.preset("tiny", attention_block=0)
+    with pytest.raises(ValueError, match="attention"):
+        Qwen3Config.preset("tiny", attention="flash")
+    q, k, v, seg = _attention_inputs()
+    with pytest.raises(ValueError, match="unknown attention implementation"):
+        attention.causal_segment_attention(q, k, v, seg, impl="flash")
+    with pytest.raises(ValueError, match="do not fit"):
+        attention.blocked_attention(q, k[:, :-1], v, seg)

@@ -213,6 +213,18 @@ def test_nan_logprobs_are_sent_as_null_and_read_back_as_nan(serve):
     assert all(math.isnan(x) for x in c.logprobs[1:4])
 
 
+def test_nan_logprob_through_the_sidecar_ends_the_trajectory_as_invalid_output(serve, chat):
+    # The whole path of #9 §3: engine NaN -> JSON null -> client NaN -> the rollout loop's check.
+    from jaxrl.envs import RolloutConfig, get_task_suite, run_rollouts
+
+    _, url, _ = serve(engine=NaNEngine())
+    task = get_task_suite("arithmetic").make_task(1, "+", 1)
+    (t,) = run_rollouts(SidecarClient([url], token=TOKEN), chat, [task], SamplingParams(seed=0),
+                        RolloutConfig(max_tokens_per_turn=4))
+    assert (t.stop_reason, t.reward, len(t.response_ids)) == ("invalid_output", 0.0, 0)
+    assert "logprob nan at generated position 1" in t.info["invalid_output"]
+
+
 def test_vllm_minus_9999_reads_as_non_finite():
     # vLLM reports a -inf logprob as -9999.0 (OpenAI's convention); it is not a real logprob.
     assert math.isnan(wire.decode_logprob(-9999.0)) and math.isnan(wire.decode_logprob(None))

@@ -2,6 +2,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from jaxrl.models import qwen3
@@ -105,3 +106,105 @@ def test_schedule_warmup_then_cosine():
     assert float(s(7)) == pytest.approx(0.5, abs=1e-6)
     with pytest.raises(ValueError, match="schedule"):
         step_lib.make_schedule(1.0, 10, kind="linear")
+
+
+def _compiled_train_step(T: int, attention: str = "xla"):
+    """AOT-compiled train step of a 1-layer model (remat full) on one [1, T] row; no execution."""
+    import re
+
+    cfg = qwen3.Qwen3Config.preset("tiny", num_hidden_layers=1, dtype="float32", remat="full", attention=attention)
+    params = qwen3.abstract_params(cfg)
+    tx, sched = step_lib.make_optimizer(1e-3, 10)
+    scfg = step_lib.StepConfig(loss=losses.LossConfig(), num_micro_batches=1, chunk_size=1024)
+    i32 = jax.ShapeDtypeStruct((1, T), jnp.int32)
+    f32 = jax.ShapeDtypeStruct((1, T - 1), jnp.float32)
+    batch = dict(tokens=i32, positions=i32, segment_ids=i32, loss_mask=jax.ShapeDtypeStruct((1, T - 1), jnp.int32),
+                 advantages=f32, old_logprobs=f32)
+    weights = losses.LossWeights(policy=f32, token=f32, sequence_token=f32,
+                                 sequence=jax.ShapeDtypeStruct((1,), jnp.float32))
+    fn = jax.jit(lambda p, o, b, w: step_lib.train_step(p, o, b, w, model_cfg=cfg, step_cfg=scfg, tx=tx, schedule=sched))
+    compiled = fn.lower(params, jax.eval_shape(tx.init, params), batch, weights).compile()
+    # Every array shape in the optimized HLO with at least two dimensions >= T (a [T, T] buffer).
+    shapes = set(re.findall(r"\b(?:f32|bf16|f16|pred|s32|u8)\[[0-9,]+\]", compiled.as_text()))
+    quadratic = sorted(s for s in shapes if sum(int(d) >= T for d in s[s.index("[") + 1:-1].split(",")) >= 2)
+    return compiled.memory_analysis().temp_size_in_bytes, quadratic
+
+
+def test_attention_memory_is_linear_in_sequence_length():
+    """Regression: the training forward built a dense [B, T, T] mask and [B, H, T, T] scores
+    (65.7 GiB of temporaries at T = 32k for this 1-layer model, 16x the 8k figure)."""
+    temp_8k, quad_8k = _compiled_train_step(8192)
+    temp_32k, quad_32k = _compiled_train_step(32768)
+    assert quad_8k == [] and quad_32k == [], (quad_8k, quad_32k)
+    # 4x the tokens: linear growth gives a ratio <= 4 (fixed costs make it smaller); T^2 gives 16.
+    assert 2.0 <= temp_32k / temp_8k <= 4.5, (temp_8k, temp_32k)
+    assert temp_32k < 512 * 2**20  # measured 253 MiB; the dense mask alone would be 1 GiB
+
+
+def test_optimizer_offload_to_pinned_host_gives_identical_steps():
+    """trainer.optimizer.offload: Adam moments (and the fp32 master) kept in pinned host memory
+    between steps, streamed to the device for the update; same numbers as device-resident state."""
+    from jaxrl import parallel
+
+    mesh = parallel.make_mesh(1, 2, 1, devices=jax.devices()[:2])
+    psh = parallel.param_shardings(qwen3.param_logical_axes(CFG), mesh)
+    params0 = qwen3.init_params(CFG, seed=4, shardings=psh)
+    batch = _with_old_logprobs(params0, _batch(seed=5))
+    lcfg = losses.LossConfig()
+    weights = losses.compute_loss_weights(batch["loss_mask"], lcfg)
+    tx, sched = step_lib.make_optimizer(1e-3, 10)
+    results = {}
+    for offload in ("none", "moments_and_master"):  # the latter runs both the moments and the master path
+        moments_host, master_host = step_lib.offloaded(offload)
+        osh = parallel.opt_state_shardings(jax.eval_shape(tx.init, params0), params0, psh, mesh,
+                                           "pinned_host" if moments_host else None)
+        state_psh = parallel.with_memory_kind(psh, "pinned_host" if master_host else None)
+        p = jax.tree.map(lambda x, s: jax.device_put(np.asarray(x), s), params0, state_psh)
+        o = jax.jit(tx.init, out_shardings=osh)(p)
+        scfg = step_lib.StepConfig(loss=lcfg, num_micro_batches=2, chunk_size=8, offload=offload)
+        fn = jax.jit(lambda p, o, b, w: step_lib.train_step(p, o, b, w, model_cfg=CFG, step_cfg=scfg, tx=tx,
+                                                            schedule=sched),
+                     out_shardings=(state_psh, osh, None), donate_argnums=(0, 1))
+        with jax.set_mesh(mesh):
+            b = parallel.shard_batch(batch, mesh)
+            for _ in range(2):
+                p, o, met = fn(p, o, b, weights)
+        assert {x.sharding.memory_kind for x in jax.tree.leaves(p)} == {"pinned_host" if master_host else "device"}
+        mu = optax.tree_utils.tree_get(o, "mu")
+        assert {x.sharding.memory_kind for x in jax.tree.leaves(mu)} == {"pinned_host" if moments_host else "device"}
+        results[offload] = (p, o)
+    for a, b in zip(jax.tree.leaves(results["moments_and_master"]), jax.tree.leaves(results["none"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match="offload"):
+        step_lib.StepConfig(loss=lcfg, offload="gpu")
+
+
+def _dot_operand_dtypes(jaxpr, out):
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            out.add((str(eqn.invars[0].aval.dtype), str(eqn.invars[1].aval.dtype)))
+        for v in eqn.params.values():
+            for x in (v if isinstance(v, (tuple, list)) else [v]):
+                j = getattr(x, "jaxpr", x)
+                if hasattr(j, "eqns"):
+                    _dot_operand_dtypes(j, out)
+    return out
+
+
+def test_bf16_train_step_has_only_bf16_matmuls():
+    """Regression: the lm-head backward multiplied the float32 logits cotangent with the bf16 head
+    (a mixed float32 x bfloat16 matmul, which XLA runs as a float32 GEMM)."""
+    cfg = qwen3.Qwen3Config.preset("tiny", dtype="bfloat16", remat="full")
+    params = qwen3.abstract_params(cfg)
+    tx, sched = step_lib.make_optimizer(1e-3, 10)
+    scfg = step_lib.StepConfig(loss=losses.LossConfig(), num_micro_batches=2, chunk_size=8)
+    i32 = jax.ShapeDtypeStruct((4, 24), jnp.int32)
+    f32 = jax.ShapeDtypeStruct((4, 23), jnp.float32)
+    batch = dict(tokens=i32, positions=i32, segment_ids=i32, loss_mask=jax.ShapeDtypeStruct((4, 23), jnp.int32),
+                 advantages=f32, old_logprobs=f32)
+    weights = losses.LossWeights(policy=f32, token=f32, sequence_token=f32,
+                                 sequence=jax.ShapeDtypeStruct((4,), jnp.float32))
+    jaxpr = jax.make_jaxpr(lambda p, o, b, w: step_lib.train_step(p, o, b, w, model_cfg=cfg, step_cfg=scfg, tx=tx,
+                                                                  schedule=sched))(
+        params, jax.eval_shape(tx.init, params), batch, weights)
+    assert _dot_operand_dtypes(jaxpr.jaxpr, set()) == {("bfloat16", "bfloat16")}

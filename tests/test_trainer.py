@@ -136,6 +136,17 @@ def test_two_process_run_matches_single_process_rewards(tmp_path):
     assert os.path.exists(os.path.join(mp, "best", "model.safetensors"))
 
 
+def test_optimizer_state_in_host_memory_gives_identical_metrics(tmp_path, uninterrupted):
+    """trainer.optimizer.offload=moments_and_master: fp32 params and Adam moments in pinned host
+    memory (train step, old-logprob forward, weight publication, checkpoint save and the restore
+    of the best checkpoint for export); every metric equals the device-resident run's."""
+    wd = str(tmp_path / "run")
+    out = _main(wd, "--config.trainer.num_steps=4", *SMALL, "--config.trainer.optimizer.offload=moments_and_master")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert _metrics(wd) == uninterrupted
+    assert os.path.exists(os.path.join(wd, "best", "model.safetensors"))
+
+
 def test_best_is_chosen_among_saved_checkpoints_without_save_on_new_best(tmp_path):
     """Regression: with save_on_new_best=False (the 8B recipe) the best-EMA step could have no
     checkpoint and the run crashed at the end. The best is now the best-EMA saved step."""

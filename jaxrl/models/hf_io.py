@@ -37,8 +37,8 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # --------------------------------------------------------------------------------------------
 
 DTYPES = ("float32", "bfloat16")
-REMAT_POLICIES = ("none", "full", "save_dots")
-ATTENTION_IMPLS = ("xla", "cudnn")
+REMAT_POLICIES = ("none", "full", "save_dots", "save_attention", "save_dots_attention")
+ATTENTION_IMPLS = ("xla", "cudnn", "splash")
 
 
 
@@ -53,10 +53,15 @@ class Qwen3Config:
       dtype: compute dtype, ``'float32'`` or ``'bfloat16'``; params are always fp32 masters and
         are cast to this dtype for every matmul; logits/logprobs are always float32.
       remat: ``'none'`` (keep all activations), ``'full'`` (recompute each layer in the backward
-        pass; ``nothing_saveable``) or ``'save_dots'`` (keep matmul outputs without batch dims;
-        ``dots_with_no_batch_dims_saveable``).
-      attention: ``'xla'`` (explicit einsum softmax, any backend, any dtype) or ``'cudnn'``
-        (fused cuDNN attention on NVIDIA GPUs; bfloat16 only).
+        pass; ``nothing_saveable``), ``'save_dots'`` (keep matmul outputs without batch dims;
+        ``dots_with_no_batch_dims_saveable``), ``'save_attention'`` (keep only the attention
+        output and log-sum-exp) or ``'save_dots_attention'`` (both); see
+        ``jaxrl.models.qwen3.remat_policy``.
+      attention: training/logprob attention kernel (:mod:`jaxrl.models.attention`): ``'xla'``
+        (blocked flash attention in plain JAX, any backend, any dtype), ``'cudnn'`` (fused cuDNN
+        flash attention on NVIDIA GPUs; 16-bit dtypes) or ``'splash'`` (Pallas TPU kernel).
+      attention_block: query/key positions per block of the ``'xla'`` kernel (and the splash
+        kernel's block size, rounded to a multiple of 128).
     """
 
     vocab_size: int
@@ -75,6 +80,7 @@ class Qwen3Config:
     dtype: str = "bfloat16"
     remat: str = "full"
     attention: str = "xla"
+    attention_block: int = 512
 
     def __post_init__(self):
         for f in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -98,6 +104,8 @@ class Qwen3Config:
             raise ValueError(f"Qwen3Config.remat={self.remat!r}; expected one of {REMAT_POLICIES}")
         if self.attention not in ATTENTION_IMPLS:
             raise ValueError(f"Qwen3Config.attention={self.attention!r}; expected one of {ATTENTION_IMPLS}")
+        if not isinstance(self.attention_block, (int, np.integer)) or self.attention_block <= 0:
+            raise ValueError(f"Qwen3Config.attention_block must be a positive integer, got {self.attention_block!r}")
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
 

@@ -43,6 +43,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl import parallel
+from jaxrl.models import attention as attention_lib
 
 from jaxrl.models.hf_io import ATTENTION_IMPLS, DTYPES, PRESETS, REMAT_POLICIES, Qwen3Config  # noqa: F401
 
@@ -198,7 +199,10 @@ def attention(q, k, v, mask, impl: str = "xla"):
 
 
 def segment_mask(segment_ids):
-    """``[B, T]`` segment ids -> ``[B, T, T]`` causal, same-segment, non-padding (id != 0) mask."""
+    """``[B, T]`` segment ids -> ``[B, T, T]`` causal, same-segment, non-padding (id != 0) mask.
+
+    Quadratic in T: a reference for tests and short inputs; the training forward never builds it.
+    """
     T = segment_ids.shape[1]
     idx = jnp.arange(T)
     causal = idx[:, None] >= idx[None, :]
@@ -238,12 +242,40 @@ def lm_head_weight(params: dict, cfg: Qwen3Config):
     return params["embed_tokens"].T if cfg.tie_word_embeddings else params["lm_head"]
 
 
+def _saves_attention(prim, *_, **__) -> bool:
+    """Remat policy: keep the outputs of the cuDNN fused-attention forward (output and softmax
+    statistics; the primitive behind ``jax.nn.dot_product_attention(implementation='cudnn')``)."""
+    return prim.name.startswith("dot_product_attention_fwd")
+
+
+def remat_policy(name: str):
+    """The ``jax.checkpoint`` policy of a remat setting (``Qwen3Config.remat``), None for 'none'.
+
+    * ``full``: nothing saved; each layer's forward is recomputed in the backward pass.
+    * ``save_dots``: matmul outputs without batch dims (the q/k/v/o and MLP projections) saved.
+    * ``save_attention``: only the attention output and its log-sum-exp saved (names
+      ``attention_out`` / ``attention_lse`` of the xla and splash kernels, and the cuDNN forward's
+      outputs), so the attention forward is never recomputed; about ``T·Nq·D`` values per layer.
+    * ``save_dots_attention``: both of the above.
+
+    Raises:
+      ValueError: for an unknown name.
+    """
+    cp = jax.checkpoint_policies
+    attention = cp.save_from_both_policies(
+        cp.save_only_these_names(attention_lib.ATTENTION_OUT, attention_lib.ATTENTION_LSE), _saves_attention)
+    policies = {"none": None, "full": cp.nothing_saveable, "save_dots": cp.dots_with_no_batch_dims_saveable,
+                "save_attention": attention,
+                "save_dots_attention": cp.save_from_both_policies(cp.dots_with_no_batch_dims_saveable, attention)}
+    if name not in policies:
+        raise ValueError(f"unknown remat policy {name!r}; use one of {sorted(policies)}")
+    return policies[name]
+
+
 def _remat(fn, policy: str):
     if policy == "none":
         return fn
-    pol = {"full": jax.checkpoint_policies.nothing_saveable,
-           "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[policy]
-    return jax.checkpoint(fn, policy=pol, prevent_cse=False)
+    return jax.checkpoint(fn, policy=remat_policy(policy), prevent_cse=False)
 
 
 def hidden_states(params: dict, cfg: Qwen3Config, tokens, positions, segment_ids):
@@ -255,13 +287,22 @@ def hidden_states(params: dict, cfg: Qwen3Config, tokens, positions, segment_ids
         ``cumsum(mask) - 1`` for left-padded rows).
       segment_ids: ``[B, T]`` int32; 0 = padding, >0 = sequence id within the row. Attention is
         causal and never crosses segments, so right-, left-padded and packed rows all work.
+        It runs the kernel ``cfg.attention`` (:mod:`jaxrl.models.attention`), which never holds a
+        ``[T, T]`` mask or score matrix: memory grows linearly in T.
     """
     x = _embed(params, cfg, tokens)
     cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg.compute_dtype)
-    mask = segment_mask(segment_ids)
+
+    def attend(q, k, v):
+        out = attention_lib.causal_segment_attention(q, k, v, segment_ids, cfg.attention, cfg.attention_block)
+        return out, None
 
     def body(x, p):
-        x, _ = _layer(cfg, p, x, cos, sin, lambda q, k, v: (attention(q, k, v, mask, cfg.attention), None))
+        # The barrier keeps the saved per-layer input in the compute dtype: without it XLA may
+        # hoist the float32 convert of rms_norm out of the backward loop over the whole [L, B, T, E]
+        # stack of saved inputs (seen on CPU: 2x the stack's memory).
+        x = jax.lax.optimization_barrier(x)
+        x, _ = _layer(cfg, p, x, cos, sin, attend)
         return x, None
 
     x, _ = jax.lax.scan(_remat(body, cfg.remat), x, params["layers"])
@@ -283,12 +324,38 @@ def forward(params: dict, cfg: Qwen3Config, tokens, positions, segment_ids):
 # Chunked logprobs / entropy
 # --------------------------------------------------------------------------------------------
 
+@jax.custom_vjp
+def _head_logits(h, w):
+    """``h [B, c, E] @ w [E, V]`` -> float32 logits (inputs in the compute dtype, f32 accumulation)."""
+    return jnp.einsum("bce,ev->bcv", h, w, preferred_element_type=jnp.float32)
+
+
+def _head_logits_fwd(h, w):
+    return _head_logits(h, w), (h, w)
+
+
+def _head_logits_bwd(res, g):
+    # The float32 logits cotangent is rounded to the compute dtype before the two backward matmuls,
+    # as for every other matmul of the model (bf16 x bf16 with f32 accumulation); left as is, it
+    # would make both of them mixed float32 x bfloat16 matmuls, which run as float32 GEMMs.
+    h, w = res
+    g = g.astype(h.dtype)
+    dh = jnp.einsum("bcv,ev->bce", g, w, preferred_element_type=jnp.float32).astype(h.dtype)
+    dw = jnp.einsum("bce,bcv->ev", h, g, preferred_element_type=jnp.float32).astype(w.dtype)
+    return dh, dw
+
+
+_head_logits.defvjp(_head_logits_fwd, _head_logits_bwd)
+
+
 def logprobs_from_hidden(hidden, head_w, targets, temperature: float = 1.0, chunk_size: int = 512):
     """Log-probabilities of ``targets`` and entropies under ``softmax(logits / temperature)``.
 
     ``logits = hidden @ head_w`` (float32 accumulation). Computed over chunks of ``chunk_size``
     sequence positions with a rematerialized ``lax.scan``, so neither the forward nor the
-    backward pass holds more than ``[B, chunk_size, V]`` float32 logits at once.
+    backward pass holds more than ``[B, chunk_size, V]`` float32 logits at once. In the backward
+    pass the logits cotangent is rounded to hidden's dtype for the two matmuls (bf16 GEMMs with
+    f32 accumulation in bf16 compute; exact in float32).
 
     Args:
       hidden: ``[B, T, E]``; head_w: ``[E, V]`` (cast to hidden's dtype); targets: ``[B, T]`` int.
@@ -310,7 +377,7 @@ def logprobs_from_hidden(hidden, head_w, targets, temperature: float = 1.0, chun
 
     def chunk(_, xs):
         hc, tc = xs
-        z = jnp.einsum("bce,ev->bcv", hc, w, preferred_element_type=jnp.float32) / temperature
+        z = _head_logits(hc, w) / temperature
         lse = jax.nn.logsumexp(z, axis=-1)
         zy = jnp.take_along_axis(z, tc[..., None], axis=-1)[..., 0]
         ent = lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)

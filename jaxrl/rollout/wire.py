@@ -35,11 +35,8 @@ import time
 import uuid
 from typing import Any, Optional, Sequence
 
-from jaxrl.rollout.types import Completion, SamplingParams
+from jaxrl.rollout.types import MIN_TEMPERATURE, Completion, SamplingParams
 
-# A temperature in (0, MIN_TEMPERATURE) is refused: logits / T overflows float32 (NaN sampling) as
-# T -> 0. vLLM clamps such temperatures up to 0.01 (its _MAX_TEMP); 0 means greedy in both.
-MIN_TEMPERATURE = 0.01
 # vLLM (like OpenAI) reports a -inf logprob as -9999.0; values at or below it are not real logprobs.
 LOGPROB_FLOOR = -9999.0
 LOGPROBS_MODES = ("full", "sampled")

@@ -32,12 +32,46 @@ class StepConfig:
       temperature: logits / temperature in the trainer's logprobs (the sampling temperature).
       num_micro_batches: micro-batches per mini-batch (gradient accumulation steps).
       chunk_size: positions per chunk of the chunked log-softmax.
+      offload: where the optimizer state lives between steps (:data:`OFFLOAD_MODES`):
+        ``'none'`` (device memory), ``'moments'`` (Adam mu/nu in pinned host memory) or
+        ``'moments_and_master'`` (also the fp32 master params). Offloaded trees must be passed
+        in (and are returned in) ``pinned_host`` shardings, see :func:`jaxrl.parallel.with_memory_kind`.
     """
 
     loss: losses.LossConfig
     temperature: float = 1.0
     num_micro_batches: int = 1
     chunk_size: int = 1024
+    offload: str = "none"
+
+    def __post_init__(self):
+        if self.offload not in OFFLOAD_MODES:
+            raise ValueError(f"StepConfig.offload={self.offload!r}; expected one of {OFFLOAD_MODES}")
+
+
+# Optimizer-state placements (trainer.optimizer.offload).
+OFFLOAD_MODES = ("none", "moments", "moments_and_master")
+
+
+def offloaded(offload: str) -> tuple[bool, bool]:
+    """``(moments_on_host, master_on_host)`` for an offload mode (:data:`OFFLOAD_MODES`)."""
+    if offload not in OFFLOAD_MODES:
+        raise ValueError(f"unknown optimizer offload {offload!r}; use one of {OFFLOAD_MODES}")
+    return offload != "none", offload == "moments_and_master"
+
+
+def to_memory(tree, space: str, after=None):
+    """Moves every array leaf of ``tree`` to ``space`` (``'device'`` or ``'host'``, i.e. pinned
+    host memory) inside a jitted function, keeping its sharding.
+
+    ``after``: optional pytree the transfer must wait for (an ``optimization_barrier`` ties the
+    leaves to it), so that streaming an offloaded state to the device is not scheduled before
+    the gradients exist (which would hold it in device memory through the forward/backward pass).
+    """
+    if after is not None:
+        tree, _ = jax.lax.optimization_barrier((tree, after))
+    target = jax.memory.Space.Device if space == "device" else jax.memory.Space.Host
+    return jax.tree.map(lambda x: jax.device_put(x, target), tree)
 
 
 def make_schedule(lr: float, total_steps: int, warmup_steps: int = 0, kind: str = "constant") -> optax.Schedule:
@@ -82,10 +116,18 @@ def sequence_logprobs(params, model_cfg: qwen3.Qwen3Config, tokens, positions, s
                       temperature: float, chunk_size: int):
     """Target-aligned logprobs and entropies `[N, T-1]` float32 of `tokens [N, T]`.
 
-    Entry t is log softmax(logits_t / temperature)[tokens[:, t+1]] (DESIGN.md §3).
+    Entry t is log softmax(logits_t / temperature)[tokens[:, t+1]] (DESIGN.md §3). `params` may be
+    in pinned host memory (trainer.optimizer.offload='moments_and_master'): they are streamed to the
+    device (a no-op for device arrays).
     """
+    params = to_memory(params, "device")
     return qwen3.logprobs(params, model_cfg, tokens, positions, segment_ids,
                           temperature=temperature, chunk_size=chunk_size)
+
+
+def cast_params(params, dtype):
+    """The param tree with every floating leaf cast to ``dtype`` (the model's compute dtype)."""
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
 
 
 def _micro_loss(params, micro, weights, model_cfg, step_cfg: StepConfig):
@@ -129,15 +171,21 @@ def accumulate_gradients(params, batch: dict, weights: losses.LossWeights, model
     micro = jax.tree.map(split, batch)
     wmicro = jax.tree.map(split, weights)
     grad_fn = jax.grad(_micro_loss, has_aux=True)
+    # The model casts every weight to the compute dtype before use, so the gradient w.r.t. the fp32
+    # master equals the compute-dtype gradient cast to fp32. Casting once per step here (instead of
+    # inside every layer of every micro-batch, and again in each rematerialized forward) gives
+    # the same numbers with less work, and FSDP all-gathers the 16-bit copy.
+    cparams = cast_params(params, model_cfg.compute_dtype)
 
     first = jax.tree.map(lambda x: x[0], (micro, wmicro))
-    metric_shapes = jax.eval_shape(lambda mb, w: grad_fn(params, mb, w, model_cfg, step_cfg)[1], *first)
+    metric_shapes = jax.eval_shape(lambda mb, w: grad_fn(cparams, mb, w, model_cfg, step_cfg)[1], *first)
 
     def body(carry, xs):
         g_acc, met_acc = carry
         mb, w = xs
-        g, met = grad_fn(params, mb, w, model_cfg, step_cfg)
-        return (jax.tree.map(jnp.add, g_acc, g), _combine(met_acc, met)), None
+        g, met = grad_fn(cparams, mb, w, model_cfg, step_cfg)
+        g_acc = jax.tree.map(lambda a, b: a + b.astype(a.dtype), g_acc, g)
+        return (g_acc, _combine(met_acc, met)), None
 
     init = (jax.tree.map(jnp.zeros_like, params), _metric_init(metric_shapes))
     (grads, metrics), _ = jax.lax.scan(body, init, (micro, wmicro))
@@ -151,8 +199,21 @@ def train_step(params, opt_state, batch: dict, weights: losses.LossWeights, *, m
     Metrics: the loss metrics of `micro_batch_loss`, plus `grad_norm` (before clipping), `lr`
     (of this step), `update_skipped` (1.0 when the gradient norm was not finite and the update
     was not applied).
+
+    With ``step_cfg.offload`` != 'none', the optimizer state (and, for 'moments_and_master', the
+    fp32 params) arrive and leave in pinned host memory: the forward/backward pass reads only the
+    compute-dtype copy of the params on the device, and the offloaded trees are streamed to the
+    device for the update after the gradients are computed, then written back to the host.
     """
+    moments_host, master_host = offloaded(step_cfg.offload)
+    params_in = params
+    if master_host:
+        params = to_memory(params, "device")   # consumed by the compute-dtype cast in accumulate_gradients
     grads, metrics = accumulate_gradients(params, batch, weights, model_cfg, step_cfg)
+    if master_host:
+        params = to_memory(params_in, "device", after=grads)
+    if moments_host:
+        opt_state = to_memory(opt_state, "device", after=grads)
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(grad_norm)
     # Zero the gradients when skipping so the (discarded) update cannot produce NaNs in traced code.
@@ -163,4 +224,9 @@ def train_step(params, opt_state, batch: dict, weights: losses.LossWeights, *, m
     count = optax.tree_utils.tree_get_all_with_path(opt_state, "count")[0][1]  # optimizer steps taken
     metrics = dict(metrics, grad_norm=grad_norm, update_skipped=1.0 - finite.astype(jnp.float32),
                    lr=jnp.asarray(schedule(count), jnp.float32))
-    return keep(new_params, params), keep(new_opt_state, opt_state), metrics
+    new_params, new_opt_state = keep(new_params, params), keep(new_opt_state, opt_state)
+    if master_host:
+        new_params = to_memory(new_params, "host")
+    if moments_host:
+        new_opt_state = to_memory(new_opt_state, "host")
+    return new_params, new_opt_state, metrics

@@ -45,8 +45,9 @@ from jaxrl.train.checkpoint import CheckpointStore
 from jaxrl.train.metrics import RewardEMA, RunLogger, plot_rewards, write_report
 
 # Keys that may differ between the rl_config.json of a run and the command that resumes it
-# (sidecar URLs: a resubmitted cluster job gets other nodes for its engines).
-RESUMABLE_CHANGES = ("trainer.num_steps", "generator.sidecar_urls")
+# (sidecar URLs: a resubmitted cluster job gets other nodes for its engines; the optimizer offload
+# only moves the state between device and host memory).
+RESUMABLE_CHANGES = ("trainer.num_steps", "generator.sidecar_urls", "trainer.optimizer.offload")
 
 # Fault injection for the kill tests: JAXRL_KILL_AT="<point>:<step>" makes the trainer SIGKILL
 # itself at that point of that step (points: "generate" = after the first rollout turn was
@@ -304,7 +305,13 @@ class Trainer:
         self.num_minibatches = c.trainer.train_batch_size // c.trainer.mini_batch_size
         self.step_cfg = step_lib.StepConfig(loss=self.loss_cfg, temperature=a.temperature,
                                             num_micro_batches=self.mini_rows // c.trainer.micro_batch_size,
-                                            chunk_size=c.model.logprobs_chunk_size)
+                                            chunk_size=c.model.logprobs_chunk_size,
+                                            offload=c.trainer.optimizer.offload)
+        # Optimizer-state placement: the fp32 master params (the training state) and/or the Adam
+        # moments may live in pinned host memory (trainer.optimizer.offload).
+        self.moments_on_host, master_on_host = step_lib.offloaded(c.trainer.optimizer.offload)
+        self.state_param_sharding = parallel.with_memory_kind(self.param_sharding,
+                                                              "pinned_host" if master_on_host else None)
         self.total_opt_steps = c.trainer.num_steps * self.num_minibatches * c.trainer.update_epochs_per_batch
 
         # Everything above only validates; from here on the run directory is written.
@@ -357,12 +364,15 @@ class Trainer:
             max_grad_norm=o.max_grad_norm)
         abstract_opt = jax.eval_shape(self.tx.init, qwen3.abstract_params(self.model_cfg))
         self.opt_sharding = parallel.opt_state_shardings(abstract_opt, qwen3.abstract_params(self.model_cfg),
-                                                         self.param_sharding, self.mesh)
+                                                         self.param_sharding, self.mesh,
+                                                         "pinned_host" if self.moments_on_host else None)
         mc, sc, tx, sched = self.model_cfg, self.step_cfg, self.tx, self.schedule
         self._train_step = jax.jit(
             lambda p, o, b, w: step_lib.train_step(p, o, b, w, model_cfg=mc, step_cfg=sc, tx=tx, schedule=sched),
-            out_shardings=(self.param_sharding, self.opt_sharding, None), donate_argnums=(0, 1))
+            out_shardings=(self.state_param_sharding, self.opt_sharding, None), donate_argnums=(0, 1))
         self._opt_init = jax.jit(self.tx.init, out_shardings=self.opt_sharding)
+        self._device_bf16 = jax.jit(lambda p: step_lib.cast_params(step_lib.to_memory(p, "device"), jax.numpy.bfloat16),
+                                    out_shardings=self.param_sharding)
 
         micro = self.c.trainer.micro_batch_size
         temp, chunk = self.c.trainer.algorithm.temperature, self.c.model.logprobs_chunk_size
@@ -428,6 +438,8 @@ class Trainer:
     def _publish(self, params, version: int):
         """Every process writes its shards of version `version`; process 0 then has the sidecars load it."""
         t0 = time.perf_counter()
+        if self.state_param_sharding is not self.param_sharding:  # fp32 master in host memory
+            params = self._device_bf16(params)
         stats = weight_sync.publish(params, self.sync_dir, version, keep=self.c.trainer.weight_sync_keep)
         if self.is_main:
             self.client.load_weights(version, weight_sync.version_path(self.sync_dir, version))
@@ -585,7 +597,7 @@ class Trainer:
 
     def _restore(self, step: int):
         abstract_p = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                                  qwen3.abstract_params(self.model_cfg), self.param_sharding)
+                                  qwen3.abstract_params(self.model_cfg), self.state_param_sharding)
         abstract_o = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                                   jax.eval_shape(self.tx.init, qwen3.abstract_params(self.model_cfg)), self.opt_sharding)
         params, opt_state, ts = self.ckpt.restore(step, abstract_p, abstract_o)
@@ -605,7 +617,8 @@ class Trainer:
             with open(summary_path) as f:
                 return json.load(f)
         with jax.set_mesh(self.mesh):
-            _, init_params = hf_io.load_hf_checkpoint(self.model_dir, self.model_cfg, shardings=self.param_sharding)
+            _, init_params = hf_io.load_hf_checkpoint(self.model_dir, self.model_cfg,
+                                                      shardings=self.state_param_sharding)
             if losses.needs_reference_model(self.loss_cfg):
                 self.ref_params = init_params  # frozen copy of the starting policy
             if latest is None:

@@ -591,8 +591,9 @@ def prefill(ep: dict, cfg: Qwen3Config, tokens, token_mask):
       q/k-norm and RoPE at positions ``cumsum(token_mask) - 1``, so a prompt's cache does not
       depend on its padding). Pad slots hold values that :func:`decode_step` masks out.
 
-    Attention is causal over the prompt's own tokens (:func:`attention`, ``cfg.attention``); it
-    holds ``[G, Nq, P, P]`` float32 scores per layer.
+    Attention is causal over the prompt's own tokens, by the kernel ``cfg.attention``
+    (:func:`jaxrl.models.attention.causal_segment_attention`: memory linear in P; right-padded rows
+    take cuDNN's fast path), except in the last layer, where only the last token attends.
     """
     G, P = tokens.shape
     dt = cfg.compute_dtype
@@ -600,8 +601,7 @@ def prefill(ep: dict, cfg: Qwen3Config, tokens, token_mask):
     positions = jnp.maximum(jnp.cumsum(token_mask, axis=1) - 1, 0).astype(jnp.int32)
     cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dt)      # [G, P, D]
     cos, sin = cos[:, :, None], sin[:, :, None]
-    idx = jnp.arange(P)
-    mask = (idx[:, None] >= idx[None, :])[None] & token_mask[:, None, :]       # [G, P, P]
+    segment_ids = token_mask.astype(jnp.int32)  # causal within the prompt, never to padding
     last = (P - 1 - jnp.argmax(token_mask[:, ::-1], axis=1))[:, None]           # last prompt token
     x = jnp.take(ep["embed_tokens"], tokens, axis=0)
     kv = []
@@ -609,11 +609,11 @@ def prefill(ep: dict, cfg: Qwen3Config, tokens, token_mask):
         q, k, v = _engine_qkv(cfg, p, x, cos, sin)
         kv.append((k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)))
         if i < len(ep["layers"]) - 1:
-            a = attention(q, k, v, mask, cfg.attention)                         # [G, P, Nq, D]
+            a = attention_lib.causal_segment_attention(q, k, v, segment_ids, cfg.attention, cfg.attention_block)
             x = _engine_out(cfg, p, x, a.reshape(G, P, -1))
         else:  # only the last token's output is used after the last layer's K/V
             q = jnp.take_along_axis(q, last[:, :, None, None], axis=1)          # [G, 1, Nq, D]
-            a = attention(q, k, v, token_mask[:, None, :], cfg.attention)       # keys <= last: all
+            a = attention(q, k, v, token_mask[:, None, :])                      # keys <= last: all
             x = _engine_out(cfg, p, jnp.take_along_axis(x, last[:, :, None], axis=1), a.reshape(G, 1, -1))
     h = rms_norm(x[:, 0], ep["norm"], cfg.rms_norm_eps)
     logits = jnp.einsum("ge,ev->gv", h, _engine_head(ep, cfg), preferred_element_type=jnp.float32)

@@ -1,7 +1,10 @@
 """Rollout benchmarks, each against a reference measured in the same run.
 
 1. Generation: tokens/s of our JAX KV-cache engine vs HF transformers ``generate`` (greedy, KV
-   cache) on the same random Qwen3 model, batch and lengths; prints ours / HF.
+   cache; ``--sample``: temperature 1 sampling) on the same random Qwen3 model, batch and
+   lengths; prints ours / HF, and the engine's decode-step time next to the step's memory floor
+   (weights + KV cache at the mean context, at the copy bandwidth measured in the same run;
+   ``bench/sampler_step.py`` splits the step into forward and token selection).
 2. Weight sync: publish + load (Orbax, bf16) of the model's params vs ``shutil.copytree`` of a
    directory holding the same bf16 bytes as .npy files; prints (publish+load GB/s) / (copy GB/s),
    both counted as tensor bytes moved once out and once in.
@@ -34,6 +37,8 @@ def make_hf_model(path: str, args):
 
 
 def bench_generation(args, ckpt: str, hf_model) -> tuple[float, float]:
+    """Best tokens/s of the engine and of HF ``generate``, measured in alternation (one call of
+    each per round), so that a load change on a shared machine hits both sides alike."""
     import torch
 
     from jaxrl.rollout.sampler import sampler_from_hf
@@ -43,38 +48,75 @@ def bench_generation(args, ckpt: str, hf_model) -> tuple[float, float]:
     prompts = rng.integers(1, args.vocab, size=(args.batch, args.prompt_len)).tolist()
     B, N = args.batch, args.new_tokens
 
+    # One new-token bucket (the one max_tokens = N uses anyway), so that step_report's
+    # max_tokens = N / 2 call runs the same program.
     sampler = sampler_from_hf(ckpt, dtype=args.dtype, max_seq_len=args.prompt_len + N, max_batch_rows=B,
-                              eos_token_ids=())
-    params = SamplingParams(max_tokens=N, greedy=True)
+                              eos_token_ids=(), new_token_buckets=(N,))
+    params = SamplingParams(max_tokens=N, greedy=not args.sample, temperature=1.0, seed=0)
     sampler.generate(prompts, params)  # compile
-    times = []
-    for _ in range(args.repeats):
-        t = time.perf_counter()
-        out = sampler.generate(prompts, params)
-        times.append(time.perf_counter() - t)
-    assert all(len(g[0].token_ids) == N for g in out)
-    ours = B * N / min(times)
 
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     hf_model = hf_model.to(dtype)
     ids = torch.tensor(prompts)
-    kw = dict(max_new_tokens=N, min_new_tokens=N, do_sample=False, pad_token_id=0, use_cache=True)
+    kw = dict(max_new_tokens=N, min_new_tokens=N, do_sample=args.sample, pad_token_id=0, use_cache=True)
+    if args.sample:
+        kw.update(temperature=1.0, top_p=1.0, top_k=0)
     # The reference gets its best thread count: on a loaded machine torch's multi-threaded kernels
     # can be an order of magnitude slower than one thread.
-    times = []
-    for threads in sorted({1, os.cpu_count() or 1}):
-        torch.set_num_threads(threads)
-        with torch.no_grad():
-            hf_model.generate(ids, attention_mask=torch.ones_like(ids), **kw)  # warm-up
-            for _ in range(args.repeats):
+    thread_counts = sorted({1, os.cpu_count() or 1})
+    with torch.no_grad():
+        for threads in thread_counts:  # warm-up
+            torch.set_num_threads(threads)
+            hf_model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+    ours_t, hf_t = [], []
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        out = sampler.generate(prompts, params)
+        ours_t.append(time.perf_counter() - t)
+        for threads in thread_counts:
+            torch.set_num_threads(threads)
+            with torch.no_grad():
                 t = time.perf_counter()
                 gen = hf_model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
-                times.append(time.perf_counter() - t)
+                hf_t.append(time.perf_counter() - t)
+    assert all(len(g[0].token_ids) == N for g in out)
     assert gen.shape == (B, args.prompt_len + N)
-    hf = B * N / min(times)
-    agree = np.mean([g[0].token_ids == gen[i, args.prompt_len:].tolist() for i, g in enumerate(out)])
-    print(f"greedy outputs identical to HF for {agree:.0%} of rows")
+    ours, hf = B * N / min(ours_t), B * N / min(hf_t)
+    step_report(args, sampler, prompts, params, min(ours_t))
+    if not args.sample:
+        agree = np.mean([g[0].token_ids == gen[i, args.prompt_len:].tolist() for i, g in enumerate(out)])
+        print(f"greedy outputs identical to HF for {agree:.0%} of rows")
     return ours, hf
+
+
+def step_report(args, sampler, prompts, params, generate_s: float) -> None:
+    """Prints the engine's decode-step time, ``(generate of N - generate of N/2) / (N/2)`` (one
+    compiled program, whole chunks of steps in both: prefill and fixed costs cancel), next to the
+    step's memory floor: (weights + KV cache at the mean context) / the copy bandwidth measured here."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    from sampler_step import copy_bandwidth
+
+    cfg, N = sampler.cfg, args.new_tokens
+    half = dataclasses.replace(params, max_tokens=N // 2)
+    sampler.generate(prompts, half)
+    half_s = float("inf")
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        sampler.generate(prompts, half)
+        half_s = min(half_s, time.perf_counter() - t)
+    step = (generate_s - half_s) / (N - N // 2)
+    wbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(sampler.params))
+    kv = (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * jnp.dtype(cfg.compute_dtype).itemsize
+          * len(prompts) * (args.prompt_len + N / 2))
+    bw = copy_bandwidth(256 << 20, args.repeats)
+    floor = (wbytes + kv) / bw
+    print(f"decode step {step * 1e3:.3f} ms (generate of {N} tokens {generate_s * 1e3:.1f} ms - of {N // 2} tokens "
+          f"{half_s * 1e3:.1f} ms, / {N - N // 2}); floor {floor * 1e3:.3f} ms = (weights {wbytes / 1e6:.1f} MB + "
+          f"KV {kv / 1e6:.1f} MB) / copy bandwidth {bw / 1e9:.1f} GB/s; step / floor = {step / floor:.2f}")
 
 
 def bench_sync(ckpt: str, workdir: str, args_repeats: int = 3) -> tuple[float, float, int]:
@@ -118,7 +160,9 @@ def main(argv=None):
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--sample", action="store_true", help="temperature-1 sampling instead of greedy, both sides")
     p.add_argument("--skip-generation", action="store_true", help="only the weight-sync benchmark")
+    p.add_argument("--skip-sync", action="store_true", help="only the generation benchmark")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = os.path.join(tmp, "model")
@@ -126,8 +170,11 @@ def main(argv=None):
         if not args.skip_generation:
             ours, hf = bench_generation(args, ckpt, hf_model)
             print(f"generation  B={args.batch} prompt={args.prompt_len} new={args.new_tokens} dtype={args.dtype}: "
+                  f"{'sample T=1' if args.sample else 'greedy'}: "
                   f"jaxrl {ours:.1f} tok/s, HF generate {hf:.1f} tok/s, ratio jaxrl/HF = {ours / hf:.2f}")
         del hf_model
+        if args.skip_sync:
+            return
         sync_gbs, copy_gbs, nbytes = bench_sync(ckpt, tmp, max(args.repeats, 2))
         print(f"weight sync {nbytes / 1e6:.1f} MB bf16: publish+load {sync_gbs:.3f} GB/s, copytree {copy_gbs:.3f} GB/s, "
               f"ratio sync/copy = {sync_gbs / copy_gbs:.2f}")

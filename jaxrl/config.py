@@ -417,14 +417,13 @@ def logprob_diff_warn_threshold(c: ml_collections.ConfigDict) -> float:
 def _validate_logprobs_mode(c: ml_collections.ConfigDict) -> None:
     """generator.logprobs_mode is a known definition that the run's backend can deliver at the
     run's sampling settings (training, and evaluation unless it is greedy)."""
-    from jaxrl.rollout import logprob_modes, wire
+    from jaxrl.rollout import logprob_modes
+    from jaxrl.rollout.types import LOGPROBS_MODES
 
     g, sp, es = c.generator, c.generator.sampling_params, c.generator.eval_sampling_params
-    _require(g.logprobs_mode in wire.LOGPROBS_MODES, "generator.logprobs_mode", f"unknown mode {g.logprobs_mode!r}",
+    _require(g.logprobs_mode in LOGPROBS_MODES, "generator.logprobs_mode", f"unknown mode {g.logprobs_mode!r}",
              "use 'full' (log softmax(logits / T) over the vocabulary, the trainer's definition) or 'sampled' "
              "(the distribution actually sampled, after top-p/top-k)")
-    _require(g.logprobs_mode == "full" or wire._has_logprobs_mode_field(), "generator.logprobs_mode",
-             "this version of jaxrl's rollout requests carry only 'full' logprobs", "use 'full'")
     if g.backend == "jax":  # the JAX engine delivers either definition per request
         return
     try:

@@ -33,12 +33,14 @@ class FakeEngine:
         self.policy_version = 0
         self.delay_s = delay_s
         self.batches = []  # rows per engine call
+        self.params = []  # SamplingParams of every request, in arrival order
         self.lock = threading.Lock()
 
     def generate_requests(self, requests):
         time.sleep(self.delay_s)
         with self.lock:
             self.batches.append(sum(len(p) * sp.n for p, sp in requests))
+            self.params.extend(sp for _, sp in requests)
         out = []
         for prompts, sp in requests:
             per_prompt = []

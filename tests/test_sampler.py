@@ -1,4 +1,6 @@
 """The JAX KV-cache sampler against the model's full (no-cache) forward and numpy references."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -162,11 +164,12 @@ def test_sampling_frequencies_match_probabilities(temperature, top_p, top_k, sup
 
 
 def test_engine_top_k_sampling_stays_in_top_k(sampler, full_logits):
-    out = sampler.generate(PROMPTS, SamplingParams(max_tokens=10, temperature=1.5, top_k=2, seed=9))
-    for prompt, (c,) in zip(PROMPTS, out):
-        logits = full_logits(prompt + c.token_ids)[len(prompt) - 1:len(prompt) - 1 + len(c.token_ids)]
-        top2 = np.argsort(-logits, axis=-1)[:, :2]
-        assert all(t in row for t, row in zip(c.token_ids, top2))
+    out = sampler.generate(PROMPTS, SamplingParams(max_tokens=10, temperature=1.5, top_k=2, seed=9, n=2))
+    for prompt, group in zip(PROMPTS, out):
+        for c in group:
+            logits = full_logits(prompt + c.token_ids)[len(prompt) - 1:len(prompt) - 1 + len(c.token_ids)]
+            top2 = np.argsort(-logits, axis=-1)[:, :2]
+            assert all(t in row for t, row in zip(c.token_ids, top2))
 
 
 def test_set_params_changes_output_without_recompiling(sampler, model):
@@ -197,23 +200,214 @@ def test_bad_requests_are_refused_with_the_field_named(sampler):
         sampler.generate([[1]], SamplingParams(max_tokens=4, stop_token_ids=tuple(range(9))))
 
 
-def test_compiles_at_most_one_program_per_bucket(model):
+def test_compiles_a_bounded_number_of_programs(model):
     cfg, params = model
-    s = Sampler(params, cfg, max_seq_len=24, batch_buckets=(2, 4), prompt_buckets=(8, 16), new_token_buckets=(8,))
-    assert s.max_num_programs == 4
+    s = Sampler(params, cfg, max_seq_len=24, batch_buckets=(2, 4), prompt_buckets=(16,), new_token_buckets=(8,))
+    # Rows per group: powers of two dividing a batch bucket, {1, 2, 4}; (R, B) pairs with R | B:
+    # (1,2) (1,4) (2,2) (2,4) (4,4); x 1 prompt bucket x 1 new-token bucket x 4 switch variants.
+    assert s.group_buckets == (1, 2, 4)
+    assert s.max_num_programs == 5 * 1 * 1 * 4
+    before = s.num_compiled  # programs are shared by the Samplers of one config (the fixture's too)
     rng = np.random.default_rng(0)
     requests = []
-    for i in range(14):
-        n_prompts = int(rng.integers(1, 4))
-        prompts = [rng.integers(0, 256, size=int(rng.integers(1, 17))).tolist() for _ in range(n_prompts)]
-        requests.append((prompts, SamplingParams(max_tokens=int(rng.integers(1, 9)), n=int(rng.integers(1, 3)),
-                                                 seed=i, temperature=float(rng.uniform(0.5, 1.5)))))
+    for i in range(6):
+        prompts = [rng.integers(0, 256, size=int(rng.integers(1, 17))).tolist() for _ in range(int(rng.integers(1, 4)))]
+        requests.append((prompts, SamplingParams(max_tokens=int(rng.integers(1, 9)), seed=i,
+                                                 temperature=float(rng.uniform(0.5, 1.5)))))
     for r in requests:
         out = s.generate(*r)
-        assert all(len(c.token_ids) <= r[1].max_tokens for g in out for c in g)
-    s.generate_requests(requests)  # 14 requests, 40+ rows: split into chunks of 4 rows
-    assert 1 <= s.num_compiled <= s.max_num_programs
-    compiled = s.num_compiled
+        assert all(1 <= len(c.token_ids) <= r[1].max_tokens for g in out for c in g)
+    s.generate_requests(requests)  # 6 requests, 12 rows: chunks of at most 4 rows
+    # n = 1, all sampling, no filter: one program per batch bucket, (R, B) = (1, 2) and (1, 4).
+    assert s.num_compiled - before == 2
     for r in requests[::-1]:
         s.generate(*r)
-    assert s.num_compiled == compiled
+    assert s.num_compiled - before == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# top-p / top-k without sorting, and the "sampled" logprobs mode
+# ---------------------------------------------------------------------------------------------
+
+def _np_kept(scaled, top_p, top_k):
+    """float64 reference of the kept set, by sorting: the k largest tokens and the prefix of the
+    descending order whose preceding mass is < top_p; every token tied with the last kept one."""
+    desc = np.sort(scaled)[::-1]
+    p = np.exp(desc - desc.max())
+    p /= p.sum()
+    before = np.cumsum(p) - p
+    keep = np.ones(len(desc), bool)
+    if top_p < 1.0:
+        keep &= before < top_p
+    if top_k > 0:
+        keep &= np.arange(len(desc)) < top_k
+    return scaled >= desc[keep].min()
+
+
+def _np_margin(scaled, top_p):
+    """Distance of top_p from the nearest preceding-mass value (float64): float32 sums cannot
+    decide the kept set of a row closer than ~1e-6 to a boundary, and neither can a sort."""
+    desc = np.sort(scaled)[::-1]
+    p = np.exp(desc - desc.max())
+    p /= p.sum()
+    return np.min(np.abs(np.cumsum(p) - p - top_p))
+
+
+def test_filter_mask_equals_the_sorting_rule():
+    from jaxrl.rollout.sampler import filter_mask
+
+    rng = np.random.default_rng(0)
+    rows, settings = [], []
+    while len(rows) < 48:
+        V = 300
+        x = rng.standard_normal(V) * rng.uniform(0.5, 4.0)
+        if len(rows) % 3 == 0:
+            x = np.round(x, 1)  # many ties, also at the threshold
+        top_p = float(rng.choice([1.0, 0.95, 0.9, 0.5, 0.1, 1e-3]))
+        top_k = int(rng.choice([0, 1, 5, 40, 299, 300, 1000]))
+        if top_p < 1.0 and _np_margin(x, top_p) < 1e-5:
+            continue
+        rows.append(x)
+        settings.append((top_p, top_k))
+    scaled = np.asarray(rows, np.float32)
+    top_p = np.array([s[0] for s in settings], np.float32)
+    top_k = np.array([s[1] for s in settings], np.int32)
+    got = np.asarray(jax.jit(filter_mask)(scaled, top_p, top_k))
+    for i, (p, k) in enumerate(settings):
+        want = _np_kept(scaled[i].astype(np.float64), p, k)
+        np.testing.assert_array_equal(got[i], want, err_msg=f"row {i} top_p={p} top_k={k}")
+    sizes = got.sum(1)
+    assert sizes.min() == 1 and sizes.max() == 300 and len(set(sizes.tolist())) > 10  # the cases vary
+
+
+def test_top_p_one_keeps_every_token_when_the_mass_rounds_to_one():
+    # One dominant token: in float32 the running mass reaches 1.0 before the last tokens, so a
+    # cumulative-sum test "mass before < 1.0" would drop them. top_p = 1 must filter nothing,
+    # also in a batch where another row uses top-p.
+    from jaxrl.rollout.sampler import filter_mask
+
+    x = np.zeros((2, 4096), np.float32)
+    x[:, 0] = 20.0
+    x[:, 1:] = -np.linspace(0, 2, 4095)  # distinct (a tie with the last kept token keeps all ties)
+    keep = np.asarray(filter_mask(jnp.asarray(x), jnp.array([1.0, 0.5], jnp.float32), jnp.array([0, 0], jnp.int32)))
+    assert keep[0].all()
+    assert keep[1].sum() == 1 and keep[1, 0]
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k,support", [
+    (1.0, 1.0, 3, [0, 1, 2]),
+    (1.0, 0.7, 0, [0, 1, 2]),
+    (0.5, 1.0, 2, [0, 1]),
+])
+def test_sampled_logprobs_are_renormalised_over_the_kept_set(temperature, top_p, top_k, support):
+    B = 2000
+    logits = jnp.broadcast_to(jnp.asarray(TOY_LOGITS), (B, TOY_LOGITS.size))
+    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.PRNGKey(99), i))(jnp.arange(B))
+    mode = jnp.arange(B) % 2 == 0  # rows of both modes in one batch
+    tok, lp = jax.jit(select_tokens)(logits, keys, jnp.full(B, temperature, jnp.float32),
+                                     jnp.full(B, top_p, jnp.float32), jnp.full(B, top_k, jnp.int32),
+                                     jnp.zeros(B, bool), mode)
+    tok, lp, mode = np.asarray(tok), np.asarray(lp), np.asarray(mode)
+    p_full = _np_softmax(TOY_LOGITS.astype(np.float64) / temperature)
+    assert set(np.unique(tok)) == set(support)
+    want_sampled = np.log(p_full[tok] / p_full[support].sum())
+    want_full = np.log(p_full[tok])
+    np.testing.assert_allclose(lp[mode], want_sampled[mode], atol=1e-6)
+    np.testing.assert_allclose(lp[~mode], want_full[~mode], atol=1e-6)
+    # The mode changes the reported logprob, never the draw (same keys -> same tokens).
+    tok2, _ = jax.jit(select_tokens)(logits, keys, jnp.full(B, temperature, jnp.float32),
+                                     jnp.full(B, top_p, jnp.float32), jnp.full(B, top_k, jnp.int32),
+                                     jnp.zeros(B, bool), ~jnp.asarray(mode))
+    np.testing.assert_array_equal(np.asarray(tok2), tok)
+
+
+def test_engine_sampled_logprobs_mode_against_the_full_forward(sampler, full_logits):
+    T, top_p, top_k = 0.8, 0.9, 6
+    sampled = SamplingParams(max_tokens=12, temperature=T, top_p=top_p, top_k=top_k, seed=21, n=2,
+                             logprobs_mode="sampled")
+    full = dataclasses.replace(sampled, logprobs_mode="full")
+    out_s, out_f = sampler.generate_requests([(PROMPTS[:2], sampled), (PROMPTS[:2], full)])  # one batch
+    differ = 0
+    for prompt, gs, gf in zip(PROMPTS[:2], out_s, out_f):
+        for cs, cf in zip(gs, gf):
+            assert cs.token_ids == cf.token_ids  # same seed: the mode does not change the draw
+            n, P = len(cs.token_ids), len(prompt)
+            z = full_logits(prompt + cs.token_ids)[P - 1:P - 1 + n] / T
+            for t, (tok, lps, lpf) in enumerate(zip(cs.token_ids, cs.logprobs, cf.logprobs)):
+                kept = _np_kept(z[t], top_p, top_k)
+                assert kept[tok]
+                zk = z[t][kept]
+                np.testing.assert_allclose(lps, z[t, tok] - (zk.max() + np.log(np.exp(zk - zk.max()).sum())),
+                                           atol=1e-5)
+                np.testing.assert_allclose(lpf, _log_softmax(z[t])[tok], atol=1e-5)
+                differ += kept.sum() < len(kept)
+    assert differ > 10  # the filter was active on most steps, so the two modes were compared
+
+
+def test_bad_logprobs_mode_is_refused():
+    with pytest.raises(ValueError, match="logprobs_mode"):
+        SamplingParams(logprobs_mode="processed")
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefix sharing: one prefill per prompt, the same tokens as one prefill per sample
+# ---------------------------------------------------------------------------------------------
+
+def test_prefix_shared_engine_prefills_once_and_equals_the_unshared_one(model, monkeypatch):
+    cfg, params = model
+    prefill_rows = []
+    real = qwen3.prefill
+
+    def spy(ep, cfg, tokens, token_mask):
+        prefill_rows.append(tokens.shape[0])
+        return real(ep, cfg, tokens, token_mask)
+
+    monkeypatch.setattr(qwen3, "prefill", spy)
+    kw = dict(max_seq_len=48, batch_buckets=(8,), prompt_buckets=(32,), new_token_buckets=(16,))
+    shared = Sampler(params, cfg, **kw)
+    unshared = Sampler(params, cfg, share_prefix=False, **kw)
+    # n = 3: groups of R = 4 rows (one padding row each); a stop id ends some rows early.
+    req = (PROMPTS[1:3], SamplingParams(max_tokens=14, temperature=1.2, n=3, seed=7, stop_token_ids=(5,)))
+    a = shared.generate(*req)
+    assert prefill_rows == [2]  # 2 prompts x 3 samples: each prompt prefilled once
+    b = unshared.generate(*req)
+    assert unshared.group_buckets == (1,)
+    # One prefill per sample (6 rows, padded to 8); traced only if no earlier test compiled it.
+    assert prefill_rows[1:] in ([], [8])
+    for ga, gb in zip(a, b):
+        assert len(ga) == len(gb) == 3
+        for ca, cb in zip(ga, gb):
+            assert ca.token_ids == cb.token_ids and ca.finish_reason == cb.finish_reason
+            np.testing.assert_allclose(ca.logprobs, cb.logprobs, atol=1e-6, rtol=0)
+    assert len({tuple(c.token_ids) for g in a for c in g}) == 6  # distinct samples
+
+
+def test_prefill_and_decode_steps_equal_the_full_forward(model, full_logits):
+    """The engine's model path alone: prefill of right- and left-padded prompts, then decode steps
+    in both cache layouts (shared: R = 2 rows per prompt feeding different tokens; row: one row
+    per prompt), against the plain forward of each row's sequence."""
+    cfg, params = model
+    ep = qwen3.engine_params(params, cfg)
+    prompts, P, steps = [[3, 1, 4, 1, 5], [9, 2, 6]], 8, 3
+    fed = [[7, 8, 9], [10, 11, 12], [13, 14, 15], [16, 17, 18]]
+    prefill = jax.jit(lambda ep, t, m: qwen3.prefill(ep, cfg, t, m))
+    decode = jax.jit(lambda ep, t, pos, pkv, m, gen, i: qwen3.decode_step(ep, cfg, t, pos, pkv, m, gen, i))
+    for side in ("right", "left"):
+        tokens, mask = np.zeros((2, P), np.int32), np.zeros((2, P), bool)
+        for g, p in enumerate(prompts):
+            sl = slice(0, len(p)) if side == "right" else slice(P - len(p), P)
+            tokens[g, sl], mask[g, sl] = p, True
+        logits, pkv = prefill(ep, tokens, mask)
+        for g, p in enumerate(prompts):
+            np.testing.assert_allclose(logits[g], full_logits(p)[-1], atol=1e-5, rtol=0)
+        for R in (2, 1):  # row b continues prompt b // R
+            rows = fed[:2 * R]
+            shared, gen = (pkv, qwen3.init_decode_cache(cfg, 2 * R, steps)) if R > 1 else (None,
+                                                                                          qwen3.row_cache(pkv, steps))
+            plen = np.repeat([len(p) for p in prompts], R)
+            for t in range(steps):
+                tok = np.array([f[t] for f in rows], np.int32)
+                out, gen = decode(ep, tok, plen + t, shared, mask, gen, t)
+                for b in range(2 * R):
+                    want = full_logits(prompts[b // R] + rows[b][:t + 1])[-1]
+                    np.testing.assert_allclose(out[b], want, atol=1e-5, rtol=0, err_msg=f"{side} R={R} row {b} t={t}")

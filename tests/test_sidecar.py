@@ -1,6 +1,7 @@
 """Sidecar server, client and process handle: protocol and batching against a fake engine in this
 process, then end to end with the JAX engine in a child process from a tiny HF checkpoint."""
 import concurrent.futures
+import dataclasses
 import os
 import threading
 import time
@@ -235,6 +236,16 @@ def test_end_to_end_publish_load_generate_kill_restart(e2e):
     assert [g[0].token_ids for g in v1] != [g[0].token_ids for g in v0]
     for a, b in zip(v1, expect):
         np.testing.assert_allclose(a[0].logprobs, b[0].logprobs, atol=1e-5)
+
+    # The logprob definition travels to the engine: "sampled" = renormalised over the top-k set.
+    sampled = SamplingParams(max_tokens=6, temperature=0.8, top_k=3, seed=7, logprobs_mode="sampled")
+    remote = client.generate(prompts, sampled)
+    expect = local.generate(prompts, sampled)
+    full = local.generate(prompts, dataclasses.replace(sampled, logprobs_mode="full"))
+    for a, b, f in zip(remote, expect, full):
+        assert a[0].token_ids == b[0].token_ids == f[0].token_ids
+        np.testing.assert_allclose(a[0].logprobs, b[0].logprobs, atol=1e-5)
+        assert max(x - y for x, y in zip(a[0].logprobs, f[0].logprobs)) > 1e-3  # renormalised: larger
 
     # Refusals: wrong token, path outside the sync dir.
     bad = SidecarClient([proc.url], token="nope", max_retries=0)

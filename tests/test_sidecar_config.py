@@ -51,6 +51,15 @@ def test_vllm_full_logprobs_refused_at_temperature_with_top_p():
     assert "generator.logprobs_mode=sampled" in msg and len(msg.splitlines()) == 1
 
 
+@pytest.mark.parametrize("backend", ["jax", "vllm"])
+def test_sampled_logprobs_are_deliverable_at_any_setting(backend):
+    # The JAX engine serves either mode per request; vLLM's processed_logprobs are the sampled ones.
+    c = _cfg(**{"generator.backend": backend, "generator.logprobs_mode": "sampled",
+                "generator.sampling_params.temperature": 0.7, "generator.sampling_params.top_p": 0.9,
+                "generator.sampling_params.top_k": 20, "trainer.algorithm.temperature": 0.7})
+    config_lib.validate(c, check_inputs=False)
+
+
 def test_vllm_non_greedy_eval_must_match_the_trainings_vllm_mode():
     # Training at T=1 with top_p 0.9 needs raw_logprobs, which cannot give full logprobs at T=0.7.
     c = _cfg(**{"generator.backend": "vllm", "generator.sampling_params.top_p": 0.9,

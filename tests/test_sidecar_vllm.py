@@ -238,6 +238,16 @@ def test_logprob_definition_is_checked_before_the_first_request(front, mode, log
     client.generate([[1]], SamplingParams(max_tokens=2, temperature=temperature, top_p=top_p, greedy=True))
 
 
+def test_sampled_logprobs_pass_on_processed_and_are_refused_on_raw_at_temperature(front):
+    params = SamplingParams(max_tokens=2, temperature=0.7, top_p=0.9, seed=0, logprobs_mode="sampled")
+    fake, url, _ = front(tp=1, mode="processed_logprobs")
+    (c,), = SidecarClient([url], token=TOKEN, max_retries=0).generate([[1]], params)
+    assert len(c.token_ids) == 2 and "logprobs_mode" not in fake.bodies[-1]  # never sent to vLLM
+    fake, url, _ = front(tp=1, mode="raw_logprobs")
+    with pytest.raises(SidecarMismatch, match="JAXRL_VLLM_LOGPROBS_MODE=processed_logprobs"):
+        SidecarClient([url], token=TOKEN, max_retries=0).generate([[1]], params)
+
+
 def test_vllm_logprob_modes_follow_vllms_sampler():
     # processed_logprobs = log_softmax after temperature and the top-k/top-p mask;
     # raw_logprobs = log_softmax of the raw logits. By hand, for each combination:

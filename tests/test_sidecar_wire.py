@@ -166,6 +166,7 @@ def serve(tmp_path):
     SamplingParams(max_tokens=16, temperature=1.0, n=8, seed=3, stop_token_ids=(2, 5)),
     SamplingParams(max_tokens=4, temperature=0.7, top_p=0.9, top_k=20, n=1),
     SamplingParams(max_tokens=4, temperature=1.0, greedy=True),
+    SamplingParams(max_tokens=4, temperature=0.8, top_p=0.9, logprobs_mode="sampled"),
 ])
 def test_client_request_body_follows_openai_schema_and_vllm_extras(params):
     body = SidecarClient(["http://127.0.0.1:1"]).request_body([[1, 2, 3], [4]], params)
@@ -198,6 +199,15 @@ def test_sidecar_response_follows_openai_schema_and_vllm_extras(serve):
 
 
 # --- Non-finite logprobs ------------------------------------------------------------------------
+
+def test_logprobs_mode_travels_to_the_engine_and_health_reports_both(serve):
+    engine, url, _ = serve()
+    client = SidecarClient([url], token=TOKEN)
+    assert client.health()[url]["logprobs"] == {"backend": "jax", "modes": ["full", "sampled"]}
+    for mode in ("sampled", "full"):
+        client.generate([[1, 2]], SamplingParams(max_tokens=2, top_k=5, seed=0, logprobs_mode=mode))
+        assert engine.params[-1].logprobs_mode == mode and engine.params[-1].top_k == 5
+
 
 def test_nan_logprobs_are_sent_as_null_and_read_back_as_nan(serve):
     # Regression (#9 §3): the JSON encoder refused NaN and the sidecar answered 500.

@@ -188,7 +188,7 @@ class SidecarClient:
           SidecarMismatch: naming the sidecar, the keys and the fix.
           SidecarUnreachable / SidecarError: /health failed.
         """
-        mode = wire.logprobs_mode_of(params)
+        mode = params.logprobs_mode
         key = (mode, params.temperature, params.top_p, params.top_k, params.greedy)
         if key in self._checked:
             return

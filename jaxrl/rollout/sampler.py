@@ -1,25 +1,43 @@
 """Batched KV-cache generation for Qwen3 in JAX (the built-in rollout engine, DESIGN.md §6).
 
-One jitted program per shape bucket does the whole generation: prefill of the left-padded prompts
-(:func:`jaxrl.models.qwen3.forward_with_cache`, last position only), then a ``lax.while_loop``
-that samples one token per row, feeds it back, and exits as soon as every row is done.
+One jitted program per shape bucket does the whole generation on the device, with no host work
+per token:
 
-Sampling per row: temperature, top-p (nucleus, Holtzman et al. 2020 §3.1: keep the smallest
-prefix of the sorted distribution whose mass reaches p), top-k, greedy, several stop ids,
-``max_tokens``. The returned logprob of a token is ``log_softmax(logits / temperature)[token]``
-in float32 **without** top-p/top-k renormalisation (DESIGN.md §3), whatever filter sampled it.
+1. Prefill (:func:`jaxrl.models.qwen3.prefill`): each distinct prompt of the batch runs once.
+   The ``n`` samples of a prompt form a *group* of R rows that share the prompt's KV cache;
+   generated tokens go to a per-row cache (:func:`jaxrl.models.qwen3.decode_step` attends to
+   both with one softmax). RL asks for ``n_samples_per_prompt`` samples of every prompt, so the
+   prompt is prefilled, stored and read once per group instead of once per sample.
+2. A ``lax.while_loop`` that selects one token per row (:func:`select_tokens`), feeds it back and
+   exits as soon as every row is done (stop id or ``max_tokens``).
+
+Weights are held per layer (:func:`jaxrl.models.qwen3.engine_params`) so that a decode step
+reads each weight once, in place; caches are in the compute dtype (bf16 at scale) and written
+in place in the loop state.
+
+Token selection per row: temperature, top-p (nucleus, Holtzman et al. 2020 §3.1: keep the
+smallest prefix of the sorted distribution whose mass reaches p), top-k, greedy, several stop
+ids, ``max_tokens``. Logprobs (float32), per request (`SamplingParams.logprobs_mode`):
+
+* ``"full"`` (default, DESIGN.md §3): ``log_softmax(logits / temperature)[token]`` over the full
+  vocabulary, without top-p/top-k renormalisation, whatever filter sampled the token;
+* ``"sampled"``: the log-probability under the distribution the token was drawn from: after
+  temperature, top-k and top-p, renormalised over the kept set (vLLM's ``processed_logprobs``).
+  Without top-p/top-k it equals ``"full"``.
 
 Randomness: the key of a row is ``fold_in(fold_in(PRNGKey(seed), prompt_index), sample_index)``
 (indices within its request) and the key of step t is ``fold_in(row_key, t)``; the sampled token
-is ``argmax(masked_logits / T + Gumbel(key))`` over the full vocabulary. So a row's tokens depend
-on its request only, never on the other rows of the batch.
+is ``argmax(masked_logits / T + Gumbel(key))`` over the full vocabulary (the Gumbel-max trick,
+the draw of ``jax.random.categorical``). So a row's tokens depend on its request only, never on
+the other rows of the batch nor on how rows are grouped.
 
-Shapes are bucketed (rows, prompt length, new tokens; see `Sampler`), so a run compiles at most
-``len(batch_buckets) * len(prompt_buckets) * len(new_token_buckets)`` programs; `num_compiled`
-counts them.
+Shapes are bucketed (rows, samples per group, prompt length, new tokens; see `Sampler`) and two
+static switches (any row sampling, any row filtering) pick a program variant, so a run compiles
+at most `Sampler.max_num_programs` programs; `num_compiled` counts them.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import os
@@ -35,122 +53,189 @@ import numpy as np
 from jaxrl.buckets import pow2_buckets, round_up
 from jaxrl.models import qwen3
 from jaxrl.rollout import weight_sync
-from jaxrl.rollout.types import Completion, EngineRequest, SamplingParams
+from jaxrl.rollout.types import LOGPROBS_MODES, Completion, EngineRequest, SamplingParams
 
 # ---------------------------------------------------------------------------------------------
 # Token selection
 # ---------------------------------------------------------------------------------------------
 
+def _first_argmax(x):
+    """Index of the first maximum of each row, ``[B, V] -> [B]`` int32 (``jnp.argmax`` for rows
+    without NaN). Written as two plain reductions: XLA:CPU runs argmax's variadic reduce about 4x
+    slower, and on GPU both are one pass over the row."""
+    V = x.shape[-1]
+    m = jnp.max(x, axis=-1, keepdims=True)
+    first = jnp.min(jnp.where(x == m, jnp.arange(V, dtype=jnp.int32), V), axis=-1)
+    return jnp.minimum(first, V - 1)
+
+
+def _sortable_bits(x):
+    """float32 -> uint32 with the same order (the radix-sort key: flip every bit of a negative
+    number, the sign bit of a non-negative one). -0.0 is mapped like +0.0."""
+    b = jax.lax.bitcast_convert_type(x + 0.0, jnp.uint32)
+    return jnp.where(b >> 31 == 1, ~b, b | jnp.uint32(0x80000000))
+
+
 def filter_mask(scaled, top_p, top_k):
-    """Tokens kept by top-k and top-p, per row.
+    """Tokens kept by top-k and top-p, per row, without sorting the vocabulary.
 
     Args:
       scaled: ``[B, V]`` float32 logits / temperature.
-      top_p: ``[B]`` float32 in (0, 1]; 1 keeps everything.
+      top_p: ``[B]`` float32 in (0, 1]; >= 1 keeps everything.
       top_k: ``[B]`` int32; <= 0 keeps everything.
     Returns:
-      ``[B, V]`` bool. A token is kept iff its logit is >= the smallest logit of the kept prefix of
-      the descending order, the prefix holding the k largest tokens and the tokens whose preceding
-      probability mass is < top_p (so the most likely token is always kept; ties at the threshold
-      are all kept).
+      ``[B, V]`` bool. Token i is kept iff the probability mass of the tokens with a strictly
+      larger logit is < top_p and their number is < top_k. This is the sort-based rule (keep the
+      k largest and the prefix of the descending order whose preceding mass is < top_p; Holtzman
+      et al. 2020 §3.1): the most likely token is always kept and ties at the threshold are all
+      kept. The kept set is ``{i : scaled_i >= t}``; the threshold t is found by bisection on
+      the 32-bit order of float32 values (32 passes of a masked sum over the row), which is
+      exact, keeps shapes static and costs less than sorting 151,936 logits per row.
     """
-    V = scaled.shape[-1]
-    desc = -jnp.sort(-scaled, axis=-1)
-    probs = jax.nn.softmax(desc, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    rank = jnp.arange(V)[None]
-    keep = (mass_before < top_p[:, None]) & ((top_k[:, None] <= 0) | (rank < top_k[:, None]))
-    count = jnp.maximum(jnp.sum(keep, axis=-1), 1)
-    threshold = jnp.take_along_axis(desc, (count - 1)[:, None], axis=-1)
-    return scaled >= threshold
+    B, V = scaled.shape
+    u = _sortable_bits(scaled)
+    p = jax.nn.softmax(scaled, axis=-1)
+    k = jnp.where(top_k > 0, top_k, V + 1).astype(jnp.int32)
+    no_p = top_p >= 1.0
+
+    def body(_, c):
+        lo, hi = c  # invariant: the answer is in [lo, hi]; Q(hi) holds (nothing is above the max)
+        mid = lo + (hi - lo) // 2
+        above = u > mid[:, None]
+        mass = jnp.sum(jnp.where(above, p, 0.0), axis=-1)
+        count = jnp.sum(above, axis=-1, dtype=jnp.int32)
+        ok = (no_p | (mass < top_p)) & (count < k)
+        return jnp.where(ok, lo, mid + 1), jnp.where(ok, mid, hi)
+
+    lo, _ = jax.lax.fori_loop(0, 32, body, (jnp.min(u, axis=-1), jnp.max(u, axis=-1)))
+    return u >= lo[:, None]
 
 
-def select_tokens(logits, step_keys, temperature, top_p, top_k, greedy):
-    """Samples one token per row and returns it with its logprob.
+def select_tokens(logits, step_keys, temperature, top_p, top_k, greedy, logprobs_sampled=None, *,
+                  filtered: bool = True, sampling: bool = True):
+    """Selects one token per row and returns it with its logprob.
 
     Args:
       logits: ``[B, V]`` float32.
       step_keys: ``[B, 2]`` uint32 PRNG keys (one per row for this step).
-      temperature, top_p: ``[B]`` float32; top_k: ``[B]`` int32; greedy: ``[B]`` bool.
+      temperature, top_p: ``[B]`` float32; top_k: ``[B]`` int32 (<= 0: off); greedy: ``[B]`` bool.
+      logprobs_sampled: ``[B]`` bool or None (all False): True where the row's logprob is the
+        ``"sampled"`` one (renormalised over the top-p/top-k kept set), False for ``"full"``.
+      filtered: static; False promises that no row uses top-p or top-k (skips the filter).
+      sampling: static; False promises that every row is greedy (skips the random draw).
     Returns:
-      (tokens ``[B]`` int32, logprobs ``[B]`` float32) with
-      ``logprob = log_softmax(logits / temperature)[token]`` (no filter renormalisation).
+      (tokens ``[B]`` int32, logprobs ``[B]`` float32): greedy rows take the argmax of the logits,
+      others ``argmax(where(kept, logits / T, -inf) + Gumbel(key))``; the logprob is
+      ``z_tok - logsumexp(z)`` with ``z = logits / T`` (``"full"``) or
+      ``z_tok - logsumexp(z over the kept set)`` (``"sampled"``).
     """
+    V = logits.shape[-1]
     scaled = logits / temperature[:, None]
-    logp = jax.nn.log_softmax(scaled, axis=-1)
-    needs_filter = jnp.any((top_p < 1.0) | (top_k > 0))
-    keep = jax.lax.cond(needs_filter, filter_mask, lambda s, p, k: jnp.ones(s.shape, bool), scaled, top_p, top_k)
-    masked = jnp.where(keep, scaled, -jnp.inf)
-    sampled = jax.vmap(jax.random.categorical)(step_keys, masked)
-    tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
-    return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+    masked = jnp.where(filter_mask(scaled, top_p, top_k), scaled, -jnp.inf) if filtered else scaled
+    top = _first_argmax(logits)
+    if sampling:
+        noise = jax.vmap(lambda k: jax.random.gumbel(k, (V,), jnp.float32))(step_keys)
+        tokens = jnp.where(greedy, top, _first_argmax(masked + noise))
+    else:
+        tokens = top
+    z_tok = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
+    logprobs = z_tok - jax.nn.logsumexp(scaled, axis=-1)
+    if filtered and logprobs_sampled is not None:
+        logprobs = jnp.where(logprobs_sampled, z_tok - jax.nn.logsumexp(masked, axis=-1), logprobs)
+    return tokens, logprobs
 
 
 # ---------------------------------------------------------------------------------------------
 # The compiled generation program
 # ---------------------------------------------------------------------------------------------
 
-def _generate(params, tokens, token_mask, seeds, prompt_index, sample_index, temperature, top_p, top_k, greedy,
-              stop_ids, max_new, *, cfg: qwen3.Qwen3Config, num_new: int, on_trace=None):
-    """Prefill + decode loop. Shapes: tokens/token_mask ``[B, P]`` (left-padded), per-row ``[B]``
-    arrays, stop_ids ``[B, S]`` (-1 = unused). Returns tokens ``[B, N]`` int32, logprobs ``[B, N]``
-    float32, lengths ``[B]`` int32, stopped ``[B]`` bool (N = num_new)."""
-    if on_trace is not None:
-        on_trace()
-    B, P = tokens.shape
-    N = num_new
+# Programs traced so far, per model config (all Samplers of one config share the compiled programs).
+_NUM_COMPILED: collections.Counter = collections.Counter()
+
+
+def _generate(ep, tokens, token_mask, seeds, prompt_index, sample_index, temperature, top_p, top_k, greedy,
+              logprobs_sampled, stop_ids, max_new, *, cfg: qwen3.Qwen3Config, rows_per_group: int, num_new: int,
+              filtered: bool, sampling: bool):
+    """Prefill + decode loop.
+
+    Shapes: tokens/token_mask ``[G, P]`` (one right-padded prompt per group); per-row ``[B]``
+    arrays with B = G * rows_per_group (row b continues prompt b // rows_per_group); stop_ids
+    ``[B, S]`` (-1 = unused); max_new ``[B]`` (0 = padding row). Returns tokens ``[B, N]`` int32,
+    logprobs ``[B, N]`` float32, lengths ``[B]`` int32, stopped ``[B]`` bool (N = num_new).
+    """
+    _NUM_COMPILED[cfg] += 1  # runs once per trace, i.e. per compiled program
+    R, N = rows_per_group, num_new
+    B = tokens.shape[0] * R
     row_keys = jax.vmap(lambda s, i, j: jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(s), i), j))(
         seeds, prompt_index, sample_index)
-    cache = qwen3.init_cache(cfg, B, P + N)
-    cache_mask = jnp.zeros((B, P + N), bool)
-    positions = jnp.maximum(jnp.cumsum(token_mask, axis=1) - 1, 0).astype(jnp.int32)
-    prompt_len = jnp.sum(token_mask, axis=1).astype(jnp.int32)
-    out = qwen3.forward_with_cache(params, cfg, tokens, positions, token_mask, cache, cache_mask,
-                                   jnp.int32(0), last_only=True)
-
-    init = dict(step=jnp.int32(0), logits=out.logits[:, 0], cache=out.cache, cache_mask=out.cache_mask,
-                out_tokens=jnp.zeros((B, N), jnp.int32), out_logprobs=jnp.zeros((B, N), jnp.float32),
-                lengths=jnp.zeros((B,), jnp.int32), stopped=jnp.zeros((B,), bool), done=max_new <= 0)
+    token_mask = token_mask.astype(bool)
+    logits, prompt_kv = qwen3.prefill(ep, cfg, tokens, token_mask)
+    logits = jnp.repeat(logits, R, axis=0)
+    prompt_len = jnp.repeat(jnp.sum(token_mask, axis=1, dtype=jnp.int32), R)
+    select = functools.partial(select_tokens, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
+                               logprobs_sampled=logprobs_sampled, filtered=filtered, sampling=sampling)
 
     def cond(s):
         return (s["step"] < N) & ~jnp.all(s["done"])
 
     def body(s):
+        # Select token `step` of every row from the carried logits, record it, and run it through
+        # the model (position prompt_len + step, generated-cache slot step). After a row's last
+        # token that forward is wasted: one step per call, which costs less than compiling the
+        # selection twice (once before the loop) would.
         step = s["step"]
         keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, step)
-        tok, lp = select_tokens(s["logits"], keys, temperature, top_p, top_k, greedy)
+        tok, lp = select(s["logits"], keys)
         active = ~s["done"]
         tok = jnp.where(active, tok, 0)
-        out_tokens = jax.lax.dynamic_update_slice(s["out_tokens"], tok[:, None], (0, step))
-        out_logprobs = jax.lax.dynamic_update_slice(s["out_logprobs"], jnp.where(active, lp, 0.0)[:, None], (0, step))
         lengths = s["lengths"] + active.astype(jnp.int32)
         hit_stop = active & jnp.any(tok[:, None] == stop_ids, axis=-1)
-        done = s["done"] | hit_stop | (lengths >= max_new)
-        nxt = qwen3.forward_with_cache(params, cfg, tok[:, None], (prompt_len + step)[:, None], active[:, None],
-                                       s["cache"], s["cache_mask"], P + step, last_only=True)
-        return dict(step=step + 1, logits=nxt.logits[:, 0], cache=nxt.cache, cache_mask=nxt.cache_mask,
-                    out_tokens=out_tokens, out_logprobs=out_logprobs, lengths=lengths,
-                    stopped=s["stopped"] | hit_stop, done=done)
+        logits, gen_kv = qwen3.decode_step(ep, cfg, tok, prompt_len + step, shared_kv, token_mask, s["gen_kv"], step)
+        return dict(step=step + 1, logits=logits, gen_kv=gen_kv,
+                    out_tokens=jax.lax.dynamic_update_slice(s["out_tokens"], tok[:, None], (0, step)),
+                    out_logprobs=jax.lax.dynamic_update_slice(s["out_logprobs"], jnp.where(active, lp, 0.0)[:, None],
+                                                              (0, step)),
+                    lengths=lengths, stopped=s["stopped"] | hit_stop,
+                    done=s["done"] | hit_stop | (lengths >= max_new))
 
-    s = jax.lax.while_loop(cond, body, init)
+    # Groups of one row keep prompt and generated tokens in one cache per row (one attention
+    # matmul instead of two); larger groups read their prompt's cache once for all R rows.
+    shared_kv = prompt_kv if R > 1 else None
+    gen_kv = qwen3.init_decode_cache(cfg, B, N) if R > 1 else qwen3.row_cache(prompt_kv, N)
+    state = dict(step=jnp.int32(0), logits=logits, gen_kv=gen_kv,
+                 out_tokens=jnp.zeros((B, N), jnp.int32), out_logprobs=jnp.zeros((B, N), jnp.float32),
+                 lengths=jnp.zeros((B,), jnp.int32), stopped=jnp.zeros((B,), bool), done=max_new <= 0)
+    # The stop test of a while loop is read by the host on GPU (a device-to-host copy and a wait
+    # before the next iteration's kernels are launched). Steps run in chunks of K in a loop of
+    # fixed trip count (no host read), so the host syncs once per K tokens; after the last row
+    # finishes at most K - 1 steps run idle.
+    K = next(k for k in (8, 4, 2, 1) if N % k == 0)
+    s = jax.lax.while_loop(cond, lambda s: jax.lax.fori_loop(0, K, lambda _, s: body(s), s), state)
     return s["out_tokens"], s["out_logprobs"], s["lengths"], s["stopped"]
 
 
+_generate_jit = jax.jit(_generate, static_argnames=("cfg", "rows_per_group", "num_new", "filtered", "sampling"))
+
+
 @dataclasses.dataclass
-class _Row:
+class _Group:
+    """Samples of one prompt that share its prefill (one group of rows in a program)."""
+
     prompt: Sequence[int]
     params: SamplingParams
     seed: int
     prompt_index: int
-    sample_index: int
+    sample_indices: list[int]  # within the request
+    slots: list[int]           # positions in the flat result list
 
 
 class Sampler:
     """The JAX generation engine: `types.Generator` in-process, and the sidecar's `Engine`.
 
     Args:
-      params: Qwen3 param tree (`jaxrl.models.qwen3` layout); cast to ``cfg.compute_dtype``.
-      cfg: the model config; ``cfg.dtype`` is the compute dtype.
+      params: Qwen3 param tree (`jaxrl.models.qwen3` layout, stacked layers); converted once to
+        :func:`jaxrl.models.qwen3.engine_params` in ``cfg.compute_dtype``.
+      cfg: the model config; ``cfg.dtype`` is the compute dtype (weights, activations, KV caches).
       max_seq_len: prompt + max_tokens limit per row (tokens); also the largest prompt bucket.
       batch_buckets: allowed row counts per program (a call with more rows is split). Default
         powers of two up to `max_batch_rows`.
@@ -159,12 +244,15 @@ class Sampler:
       max_stop_ids: stop ids per row (a fixed shape; requests with more are refused).
       eos_token_ids: ids the sidecar adds to the stop ids of requests without ``ignore_eos``.
       policy_version: version of `params`.
+      share_prefix: prefill each prompt once for its ``n`` samples (groups of R rows, R a power
+        of two dividing a batch bucket; larger ``n`` is split into several groups). False
+        prefills every sample on its own (R = 1); both give the same tokens for the same seeds.
     """
 
     def __init__(self, params: Any, cfg: qwen3.Qwen3Config, *, max_seq_len: int = 4096, max_batch_rows: int = 64,
                  batch_buckets: Optional[Sequence[int]] = None, prompt_buckets: Optional[Sequence[int]] = None,
                  new_token_buckets: Optional[Sequence[int]] = None, max_stop_ids: int = 8,
-                 eos_token_ids: Sequence[int] = (), policy_version: int = 0):
+                 eos_token_ids: Sequence[int] = (), policy_version: int = 0, share_prefix: bool = True):
         self.cfg = cfg
         self.max_seq_len = int(max_seq_len)
         self.batch_buckets = tuple(sorted(batch_buckets or pow2_buckets(1, max_batch_rows)))
@@ -172,37 +260,57 @@ class Sampler:
         self.new_token_buckets = tuple(sorted(new_token_buckets or pow2_buckets(min(16, max_seq_len), max_seq_len)))
         self.max_stop_ids = int(max_stop_ids)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
-        self.policy_version = int(policy_version)
-        self.params = self._cast(params)
-        self.num_compiled = 0
+        self.share_prefix = bool(share_prefix)
+        # Rows per group: powers of two that divide some batch bucket (1 always does).
+        top = self.batch_buckets[-1]
+        self.group_buckets = tuple(r for r in pow2_buckets(1, top) if r & (r - 1) == 0
+                                   and any(b % r == 0 for b in self.batch_buckets)) if self.share_prefix else (1,)
         self._lock = threading.Lock()
-        self._fn = jax.jit(functools.partial(_generate, cfg=cfg, on_trace=self._on_trace), static_argnames=("num_new",))
+        self._convert = jax.jit(functools.partial(qwen3.engine_params, cfg=cfg))
+        dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        dt = cfg.compute_dtype
+        # The published (stacked) layout in the compute dtype: what set_params checks and
+        # load_version reads into.
+        self._target = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(np.shape(x), dt if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype,
+                                           sharding=dev), params)
+        self._ep = self._convert(params)
+        self.policy_version = int(policy_version)
 
-    def _on_trace(self):
-        self.num_compiled += 1
+    @property
+    def num_compiled(self) -> int:
+        """Generation programs compiled so far in this process for this model config (Samplers
+        of one config share their compiled programs)."""
+        return _NUM_COMPILED[self.cfg]
 
-    def _cast(self, params):
-        dt = self.cfg.compute_dtype
-        return jax.tree.map(lambda x: jnp.asarray(x).astype(dt) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
-                            else jnp.asarray(x), params)
+    @property
+    def params(self) -> dict:
+        """The weights the engine runs on (:func:`jaxrl.models.qwen3.engine_params` layout)."""
+        return self._ep
 
     @property
     def max_num_programs(self) -> int:
-        """Upper bound on `num_compiled`: the number of shape buckets."""
-        return len(self.batch_buckets) * len(self.prompt_buckets) * len(self.new_token_buckets)
+        """Upper bound on `num_compiled`: shape buckets x 2 switches (sampling, filtering)."""
+        rows = sum(1 for r in self.group_buckets for b in self.batch_buckets if b % r == 0)
+        return rows * len(self.prompt_buckets) * len(self.new_token_buckets) * 4
 
     # -- weights ------------------------------------------------------------------------------
     def set_params(self, params: Any, policy_version: int) -> None:
-        """Replaces the weights (same tree structure and shapes; cast to the compute dtype)."""
-        new = self._cast(params)
-        old_struct = jax.tree.structure(self.params)
-        if jax.tree.structure(new) != old_struct:
-            raise ValueError(f"set_params: new params tree {jax.tree.structure(new)} differs from {old_struct}")
-        for a, b in zip(jax.tree.leaves(self.params), jax.tree.leaves(new)):
-            if a.shape != b.shape:
-                raise ValueError(f"set_params: shape {b.shape} where the model has {a.shape}")
+        """Replaces the weights (same tree structure and shapes as at construction, stacked
+        layout; cast to the compute dtype).
+
+        Raises:
+          ValueError: a different tree structure or a leaf of a different shape.
+        """
+        old_struct = jax.tree.structure(self._target)
+        if jax.tree.structure(params) != old_struct:
+            raise ValueError(f"set_params: new params tree {jax.tree.structure(params)} differs from {old_struct}")
+        for a, b in zip(jax.tree.leaves(self._target), jax.tree.leaves(params)):
+            if a.shape != np.shape(b):
+                raise ValueError(f"set_params: shape {np.shape(b)} where the model has {a.shape}")
+        new = self._convert(params)
         with self._lock:
-            self.params = new
+            self._ep = new
             self.policy_version = int(policy_version)
 
     def load_version(self, version_dir: str, version: int) -> weight_sync.SyncStats:
@@ -211,8 +319,7 @@ class Sampler:
         sync_dir, name = os.path.split(os.path.normpath(version_dir))
         if int(name) != int(version):
             raise ValueError(f"load_version: directory {version_dir} holds version {name}, not {version}")
-        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.params)
-        tree, stats = weight_sync.load(sync_dir, int(version), target=target)
+        tree, stats = weight_sync.load(sync_dir, int(version), target=self._target)
         self.set_params(tree, version)
         return dataclasses.replace(stats, seconds=time.perf_counter() - t0)
 
@@ -226,26 +333,37 @@ class Sampler:
 
         Returns:
           per request, per prompt, `n` Completions (tokens include the stop token; logprobs
-          float32 at the request's temperature; finish_reason "stop" or "length").
+          float32 at the request's temperature, in its ``logprobs_mode``; finish_reason "stop" or
+          "length").
         Raises:
           ValueError: an empty prompt, a token id outside the vocabulary, prompt + max_tokens above
-            `max_seq_len`, or more stop ids than `max_stop_ids` (message names the field).
+            `max_seq_len`, more stop ids than `max_stop_ids`, or an unknown logprobs_mode
+            (message names the field).
         """
-        rows: list[_Row] = []
+        groups: list[_Group] = []
+        k = 0
+        max_r = self.group_buckets[-1]
         for prompts, sp in requests:
             self._validate(prompts, sp)
-            seed = sp.seed if sp.seed is not None else secrets.randbits(32)
+            seed = (sp.seed if sp.seed is not None else secrets.randbits(32)) & 0xFFFFFFFF
             for i, p in enumerate(prompts):
-                for j in range(sp.n):
-                    rows.append(_Row(p, sp, seed & 0xFFFFFFFF, i, j))
-        results: list[Optional[Completion]] = [None] * len(rows)
-        # Rows of similar length share a program; chunks hold at most the largest batch bucket.
-        order = sorted(range(len(rows)), key=lambda r: (len(rows[r].prompt), rows[r].params.max_tokens))
-        cap = self.batch_buckets[-1]
-        for start in range(0, len(order), cap):
-            idx = order[start:start + cap]
-            for r, c in zip(idx, self._run([rows[r] for r in idx])):
-                results[r] = c
+                for s in range(0, sp.n, max_r):
+                    j = list(range(s, min(s + max_r, sp.n)))
+                    groups.append(_Group(p, sp, seed, i, j, [k + x for x in j]))
+                k += sp.n
+        results: list[Optional[Completion]] = [None] * k
+        # Groups of one size share a program; similar lengths share a chunk.
+        by_r: dict[int, list[_Group]] = {}
+        for g in groups:
+            by_r.setdefault(round_up(len(g.sample_indices), self.group_buckets, "samples per group"), []).append(g)
+        for r, gs in sorted(by_r.items()):
+            gs.sort(key=lambda g: (len(g.prompt), g.params.max_tokens))
+            cap = max(b for b in self.batch_buckets if b % r == 0) // r
+            for start in range(0, len(gs), cap):
+                chunk = gs[start:start + cap]
+                for slots, comps in zip((g.slots for g in chunk), self._run(chunk, r)):
+                    for slot, c in zip(slots, comps):
+                        results[slot] = c
         out, k = [], 0
         for prompts, sp in requests:
             per_prompt = []
@@ -259,6 +377,8 @@ class Sampler:
         if len(sp.stop_token_ids) > self.max_stop_ids:
             raise ValueError(f"stop_token_ids: {len(sp.stop_token_ids)} ids; this engine takes at most "
                              f"{self.max_stop_ids} (raise max_stop_ids)")
+        if sp.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode: {sp.logprobs_mode!r} is not one of {LOGPROBS_MODES}")
         V = self.cfg.vocab_size
         for i, p in enumerate(prompts):
             if len(p) == 0:
@@ -269,12 +389,14 @@ class Sampler:
             if min(p) < 0 or max(p) >= V:
                 raise ValueError(f"prompt {i}: token ids must be in [0, {V}), got min {min(p)} max {max(p)}")
 
-    def _run(self, rows: list[_Row]) -> list[Completion]:
-        B = round_up(len(rows), self.batch_buckets, "rows")
-        P = round_up(max(len(r.prompt) for r in rows), self.prompt_buckets, "prompt length")
-        N = round_up(max(r.params.max_tokens for r in rows), self.new_token_buckets, "max_tokens")
-        tokens = np.zeros((B, P), np.int32)
-        mask = np.zeros((B, P), bool)
+    def _run(self, groups: list[_Group], R: int) -> list[list[Completion]]:
+        """One program call for `groups` (R rows each); per group, its completions."""
+        B = round_up(len(groups) * R, [b for b in self.batch_buckets if b % R == 0], "rows")
+        G = B // R
+        P = round_up(max(len(g.prompt) for g in groups), self.prompt_buckets, "prompt length")
+        N = round_up(max(g.params.max_tokens for g in groups), self.new_token_buckets, "max_tokens")
+        tokens = np.zeros((G, P), np.int32)
+        mask = np.zeros((G, P), bool)
         stop = np.full((B, self.max_stop_ids), -1, np.int32)
         seeds = np.zeros(B, np.uint32)
         pidx = np.zeros(B, np.int32)
@@ -282,24 +404,36 @@ class Sampler:
         temp = np.ones(B, np.float32)
         top_p = np.ones(B, np.float32)
         top_k = np.zeros(B, np.int32)
-        greedy = np.zeros(B, bool)
+        greedy = np.ones(B, bool)
+        lp_sampled = np.zeros(B, bool)
         max_new = np.zeros(B, np.int32)  # pad rows: 0 = done before the first step
-        for b, r in enumerate(rows):
-            L = len(r.prompt)
-            tokens[b, P - L:] = r.prompt
-            mask[b, P - L:] = True
-            sp = r.params
-            stop[b, :len(sp.stop_token_ids)] = sp.stop_token_ids
-            seeds[b], pidx[b], sidx[b] = r.seed, r.prompt_index, r.sample_index
-            temp[b], top_p[b], top_k[b], greedy[b] = sp.temperature, sp.top_p, max(sp.top_k, 0), sp.greedy
-            max_new[b] = sp.max_tokens
+        for gi, g in enumerate(groups):
+            L = len(g.prompt)
+            tokens[gi, :L] = g.prompt  # right padding: a prompt token's cache slot is its position
+            mask[gi, :L] = True
+            sp = g.params
+            for r, j in enumerate(g.sample_indices):
+                b = gi * R + r
+                stop[b, :len(sp.stop_token_ids)] = sp.stop_token_ids
+                seeds[b], pidx[b], sidx[b] = g.seed, g.prompt_index, j
+                temp[b], top_p[b], top_k[b], greedy[b] = sp.temperature, sp.top_p, max(sp.top_k, 0), sp.greedy
+                lp_sampled[b] = sp.logprobs_mode == "sampled"
+                max_new[b] = sp.max_tokens
+        live = max_new > 0
+        filtered = bool(np.any(live & ((top_p < 1.0) | (top_k > 0))))
+        sampling = bool(np.any(live & ~greedy))
         with self._lock:
-            params, version = self.params, self.policy_version
-        out = self._fn(params, tokens, mask, seeds, pidx, sidx, temp, top_p, top_k, greedy, stop, max_new, num_new=N)
+            ep, version = self._ep, self.policy_version
+        out = _generate_jit(ep, tokens, mask, seeds, pidx, sidx, temp, top_p, top_k, greedy, lp_sampled, stop, max_new,
+                            cfg=self.cfg, rows_per_group=R, num_new=N, filtered=filtered, sampling=sampling)
         toks, lps, lengths, stopped = jax.device_get(out)
-        return [Completion(token_ids=toks[b, :lengths[b]].tolist(), logprobs=lps[b, :lengths[b]].tolist(),
-                           finish_reason="stop" if stopped[b] else "length", policy_version=version)
-                for b in range(len(rows))]
+        comps = []
+        for gi, g in enumerate(groups):
+            rows = [gi * R + r for r in range(len(g.sample_indices))]
+            comps.append([Completion(token_ids=toks[b, :lengths[b]].tolist(), logprobs=lps[b, :lengths[b]].tolist(),
+                                     finish_reason="stop" if stopped[b] else "length", policy_version=version)
+                          for b in rows])
+        return comps
 
 
 def sampler_from_hf(checkpoint: str, *, dtype: str = "bfloat16", **kwargs) -> Sampler:

@@ -34,7 +34,7 @@ from typing import Any, Optional, Protocol, Sequence
 from fastapi import Request  # at module level: FastAPI resolves the handlers' string annotations here
 
 from jaxrl.rollout import weight_sync, wire
-from jaxrl.rollout.types import Completion, Engine, EngineRequest
+from jaxrl.rollout.types import LOGPROBS_MODES, Completion, Engine, EngineRequest
 
 log = logging.getLogger("jaxrl.sidecar")
 
@@ -192,12 +192,6 @@ class BatchScheduler:
                 self.rows_in_flight = 0
 
 
-def _engine_logprobs_modes() -> list[str]:
-    """The logprob modes the JAX engine serves per request: both once SamplingParams carries
-    ``logprobs_mode`` (the engine honours the field), else only "full"."""
-    return list(wire.LOGPROBS_MODES) if wire._has_logprobs_mode_field() else ["full"]
-
-
 class JaxBackend:
     """An in-process `Engine` behind a `BatchScheduler` (the JAX sidecar).
 
@@ -234,7 +228,7 @@ class JaxBackend:
         return {"seconds": float(stats.seconds), "bytes": int(stats.bytes)}
 
     async def health(self) -> dict:
-        return {"logprobs": {"backend": "jax", "modes": _engine_logprobs_modes()},
+        return {"logprobs": {"backend": "jax", "modes": list(LOGPROBS_MODES)},  # per request
                 "gpu_memory": {"xla_mem_fraction": self.gpu_memory_fraction},
                 "rows_in_flight": self.scheduler.rows_in_flight, "engine_calls": self.scheduler.engine_calls}
 

@@ -32,6 +32,10 @@ def _is_real(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
+# Values of `SamplingParams.logprobs_mode`.
+LOGPROBS_MODES = ("full", "sampled")
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """Sampling settings of one request, validated on construction (every backend and the sidecar's
@@ -39,9 +43,9 @@ class SamplingParams:
 
     Attributes:
       max_tokens: maximum number of new tokens (the stop token counts as one). Integer >= 1.
-      temperature: softmax temperature, finite in float32, >= `MIN_TEMPERATURE` (0.01). Logprobs are always
+      temperature: softmax temperature, finite in float32, >= `MIN_TEMPERATURE` (0.01). Logprobs are
         log softmax(logits / temperature) of the sampled token, float32, without top-p/top-k
-        renormalisation (DESIGN.md §3).
+        renormalisation (DESIGN.md §3), unless `logprobs_mode` is "sampled".
       top_p: nucleus mass in (0, 1]; 1.0 disables it. The most likely token is always kept, so a
         tiny top_p is greedy sampling, never an empty set.
       top_k: keep the k most likely tokens; 0 or -1 disables it. Integer >= -1.
@@ -51,6 +55,12 @@ class SamplingParams:
       seed: per-request seed (an integer; engines use it modulo 2**32), or None; the same seed,
         prompt and weights give the same tokens, whatever else is in the batch.
       greedy: argmax decoding (logprobs still use `temperature`).
+      logprobs_mode: which log-probability each completion reports for its tokens (float32):
+        ``"full"`` (default, DESIGN.md §3): log softmax(logits / temperature) over the full
+        vocabulary, the trainer's definition; ``"sampled"``: the log-probability under the
+        distribution actually sampled, i.e. after temperature, top-k and top-p, renormalised over
+        the kept set (vLLM's ``processed_logprobs``; for greedy rows the same filtered
+        distribution). Without top-p/top-k the two are equal.
     """
 
     max_tokens: int = 256
@@ -61,6 +71,7 @@ class SamplingParams:
     n: int = 1
     seed: Optional[int] = None
     greedy: bool = False
+    logprobs_mode: str = "full"
 
     def __post_init__(self):
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -83,6 +94,9 @@ class SamplingParams:
         if not isinstance(self.greedy, (bool, np.bool_)):
             raise ValueError(f"SamplingParams.greedy must be True or False, got {self.greedy!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"SamplingParams.logprobs_mode must be one of {LOGPROBS_MODES}, "
+                             f"got {self.logprobs_mode!r}")
 
 
 @dataclasses.dataclass

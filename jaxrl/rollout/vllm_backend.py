@@ -148,11 +148,10 @@ class VllmBackend:
     async def generate(self, request: wire.ParsedRequest) -> list[list[Completion]]:
         p = request.params
         if not p.greedy:
-            gap = logprob_modes.vllm_gap(self.vllm_logprobs_mode, wire.logprobs_mode_of(p), p.temperature, p.top_p,
-                                         p.top_k)
+            gap = logprob_modes.vllm_gap(self.vllm_logprobs_mode, p.logprobs_mode, p.temperature, p.top_p, p.top_k)
             if gap is not None:
                 raise wire.RequestError(f"logprobs_mode: this vLLM sidecar (--logprobs-mode {self.vllm_logprobs_mode})"
-                                        f" cannot return {wire.logprobs_mode_of(p)!r} logprobs here: {gap}")
+                                        f" cannot return {p.logprobs_mode!r} logprobs here: {gap}")
         if self.policy_version is None:
             raise BackendUnavailable("the weights of this vLLM sidecar are in an unknown state after a failed weight "
                                      f"load ({self.last_load.get('error', '')}); load a version again")

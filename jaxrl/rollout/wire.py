@@ -35,11 +35,10 @@ import time
 import uuid
 from typing import Any, Optional, Sequence
 
-from jaxrl.rollout.types import MIN_TEMPERATURE, Completion, SamplingParams
+from jaxrl.rollout.types import LOGPROBS_MODES, MIN_TEMPERATURE, Completion, SamplingParams
 
 # vLLM (like OpenAI) reports a -inf logprob as -9999.0; values at or below it are not real logprobs.
 LOGPROB_FLOOR = -9999.0
-LOGPROBS_MODES = ("full", "sampled")
 _INT64 = 2**63
 
 
@@ -93,15 +92,6 @@ class ParsedRequest:
     return_token_ids: bool = True
     logprobs: Optional[int] = 0
     ignore_eos: bool = False  # the request's own flag (eos ids were already added to params' stop ids)
-
-
-def logprobs_mode_of(params: SamplingParams) -> str:
-    """The logprob definition `params` asks for ("full" when the field is absent)."""
-    return getattr(params, "logprobs_mode", "full")
-
-
-def _has_logprobs_mode_field() -> bool:
-    return "logprobs_mode" in {f.name for f in dataclasses.fields(SamplingParams)}
 
 
 def derive_seed(seed: int, index: int) -> int:
@@ -254,14 +244,9 @@ def parse_completion_request(body: Any, eos_token_ids: Sequence[int] = (),
                            f"summed over prompts) exceeds this sidecar's limit of {limits.max_total_tokens} "
                            "(server flag --max-total-tokens); split the request or lower max_tokens")
 
-    fields = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
-                  stop_token_ids=tuple(stop), n=n, seed=seed, greedy=greedy)
-    if _has_logprobs_mode_field():
-        fields["logprobs_mode"] = mode
-    elif mode != "full":
-        raise RequestError(f"logprobs_mode: this sidecar's engine delivers only 'full' logprobs, got {mode!r}")
     try:
-        params = SamplingParams(**fields)
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=max(top_k, 0),
+                                stop_token_ids=tuple(stop), n=n, seed=seed, greedy=greedy, logprobs_mode=mode)
     except ValueError as e:  # SamplingParams' own range checks
         raise RequestError(str(e)) from e
     return ParsedRequest(prompts=prompts, params=params, model=model, return_token_ids=return_token_ids,
@@ -284,8 +269,8 @@ def request_body(prompts: Sequence[Sequence[int]], params: SamplingParams, model
         body["seed"] = int(params.seed)
     if params.greedy:
         body["greedy"] = True
-    if logprobs_mode_of(params) != "full":
-        body["logprobs_mode"] = logprobs_mode_of(params)
+    if params.logprobs_mode != "full":
+        body["logprobs_mode"] = params.logprobs_mode
     return body
 
 

@@ -648,7 +648,8 @@ class Trainer:
         es = self.c.generator.eval_sampling_params
         sp = self.c.generator.sampling_params
         sampling = SamplingParams(temperature=es.temperature, greedy=bool(es.greedy), top_p=sp.top_p,
-                                  top_k=max(sp.top_k, 0), seed=_derive_seed(self.c.seed, 11))
+                                  top_k=max(sp.top_k, 0), seed=_derive_seed(self.c.seed, 11),
+                                  logprobs_mode=self.c.generator.logprobs_mode)
         trajs = self._generate(tasks, sampling, n=1)
         rewards = np.array([t.reward for t in trajs])
         self.timings["eval"] = time.perf_counter() - t0
@@ -664,7 +665,7 @@ class Trainer:
         tasks = self.prompts.train_batch(step)
         sp = c.generator.sampling_params
         sampling = SamplingParams(temperature=sp.temperature, top_p=sp.top_p, top_k=max(sp.top_k, 0),
-                                  seed=_derive_seed(c.seed, step, 3))
+                                  seed=_derive_seed(c.seed, step, 3), logprobs_mode=c.generator.logprobs_mode)
         t0 = time.perf_counter()
         trajs = self._generate(tasks, sampling, n=n)
         _maybe_kill("generate", step)

@@ -268,6 +268,41 @@ def test_vllm_logprob_modes_follow_vllms_sampler():
         logprob_modes.vllm_mode_for("full", 0.7, 0.9, -1)
 
 
+def test_front_reaches_vllm_on_a_unix_socket(published, monkeypatch, tmp_path):
+    # JAXRL_VLLM_UDS: vLLM on a socket file (no port at all, even on loopback).
+    import asyncio
+
+    import uvicorn
+
+    monkeypatch.setenv("JAXRL_SYNC_DIR", os.path.realpath(published["sync"]))
+    sock = str(tmp_path / "vllm.sock")
+    server = uvicorn.Server(uvicorn.Config(fake_vllm.make_app(published["ckpt"], tp=1, api_key=TOKEN), uds=sock,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        backend = VllmBackend(f"unix:{sock}", api_key=TOKEN, vllm_logprobs_mode="processed_logprobs")
+
+        async def go():
+            await backend.start()
+            stats = await backend.load(os.path.join(os.path.realpath(published["sync"]), "2"), 2)
+            req = wire.parse_completion_request({"prompt": [4, 5], "max_tokens": 3, "seed": 1})
+            out = await backend.generate(req)
+            await backend.aclose()
+            return stats, out
+
+        stats, out = asyncio.run(go())
+        assert stats["workers"] == 1 and backend.policy_version == 2
+        assert out[0][0].policy_version == 2 and len(out[0][0].token_ids) == 3
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
 def test_front_module_imports_neither_jax_nor_vllm():
     code = ("import sys; import jaxrl.rollout.sidecar, jaxrl.rollout.vllm_backend, jaxrl.rollout.server; "
             "print('jax' in sys.modules, 'vllm' in sys.modules)")

@@ -12,7 +12,7 @@ from jaxrl import rl
 from jaxrl.rl import registry
 
 REDUCTIONS = ["token_mean", "sequence_mean", "seq_mean_token_sum_norm"]
-LOSSES = ["regular", "dual_clip", "gspo", "cispo"]
+LOSSES = ["regular", "dual_clip", "gspo", "cispo", "sapo", "clip_cov", "kl_cov"]
 MAX_SEQ_LEN = 64
 
 
@@ -39,9 +39,20 @@ def np_ppo(r, a, el, eh):
     return np.maximum(-a * r, -a * np.clip(r, 1 - el, 1 + eh))
 
 
-def np_token_loss(name, lp, old, a, m, el=0.2, eh=0.2, c=3.0):
+def np_token_loss(name, lp, old, a, m, el=0.2, eh=0.2, c=3.0, selected=None, tau=(1.0, 1.05), kl_coef=1.0):
     lp, old, a = (np.asarray(x, np.float64) for x in (lp, old, a))
     m = np.asarray(m, bool)
+    if name == "sapo":
+        r = np.exp(np.clip(lp - old, -20, 20))
+        t = np.where(a > 0, tau[0], tau[1])
+        return -a * 4.0 / t / (1.0 + np.exp(-t * (r - 1.0)))
+    if name == "clip_cov":
+        r = np.exp(np.clip(lp - old, -20, 20))
+        return np_ppo(r, a, el, eh) * (1.0 - np_selection(name, old, a, m) if selected is None else 1.0 - selected)
+    if name == "kl_cov":
+        r = np.exp(np.clip(lp - old, -20, 20))
+        s = np_selection(name, old, a, m) if selected is None else selected
+        return -a * r + s * kl_coef * np.abs(lp - old)
     if name in ("regular", "dual_clip"):
         r = np.exp(np.clip(lp - old, -20, 20))
         loss = np_ppo(r, a, el, eh)
@@ -55,6 +66,27 @@ def np_token_loss(name, lp, old, a, m, el=0.2, eh=0.2, c=3.0):
         r = np.exp(np.clip(lp - old, -20, 20))
         return -a * np.clip(r, 0.0, 5.0) * lp
     raise AssertionError(name)
+
+
+def np_cov(old, a, m):
+    """(A − mean A)(logπ_old − mean logπ_old) over the loss tokens, float64."""
+    m = np.asarray(m, bool)
+    old, a = np.asarray(old, np.float64), np.asarray(a, np.float64)
+    return np.where(m, (a - a[m].mean()) * (old - old[m].mean()), 0.0)
+
+
+def np_selection(name, old, a, m, frac=0.2):
+    """kl_cov's top-⌊frac·n⌋ covariance tokens (ties by row-major position); clip_cov has a random
+    draw, so its reference takes the selection as given."""
+    assert name == "kl_cov", "clip_cov's selection is random: pass it"
+    m = np.asarray(m, bool)
+    cov = np_cov(old, a, m)
+    k = max(int(frac * m.sum()), 1)
+    flat = [(-cov.ravel()[i], i) for i in np.flatnonzero(m.ravel())]
+    chosen = [i for _, i in sorted(flat)[:k]]
+    out = np.zeros(m.size)
+    out[chosen] = 1.0
+    return out.reshape(m.shape)
 
 
 def np_kl(lp, ref, kind):
@@ -90,10 +122,16 @@ def make_batch(seed, n=8, t=16, spread=0.3):
                 rollout_logprobs=mu, ref_logprobs=ref, entropy=ent)
 
 
+def weights_of(batch, config, seed=0):
+    """compute_loss_weights of a whole mini-batch (with what the covariance losses need)."""
+    return rl.compute_loss_weights(batch["loss_mask"], config, old_logprobs=batch["old_logprobs"],
+                                   advantages=batch["advantages"], rng=jax.random.key(seed))
+
+
 def loss_and_grad(batch, config, weights=None, **extra):
     """Loss, metrics and d loss / d logprobs for one (micro-)batch given mini-batch weights."""
     b = {k: jnp.asarray(v) for k, v in batch.items()}
-    w = rl.compute_loss_weights(b["loss_mask"], config) if weights is None else weights
+    w = weights_of(b, config) if weights is None else weights
     return _loss_and_grad(b, w, config, **extra)
 
 
@@ -121,7 +159,11 @@ def test_policy_loss_values_match_reference(name, reduction):
     loss, metrics, grad = loss_and_grad(only(batch), config)
     m = batch["loss_mask"]
     w = np_weights(m, reduction)
-    per_tok = np_token_loss(name, batch["logprobs"], batch["old_logprobs"], batch["advantages"], m, 0.2, 0.05)
+    selected = None
+    if name == "clip_cov":  # a random draw: take it from the weights, check it separately
+        selected = np.asarray(weights_of({k: jnp.asarray(v) for k, v in batch.items()}, config).selected)
+    per_tok = np_token_loss(name, batch["logprobs"], batch["old_logprobs"], batch["advantages"], m, 0.2, 0.05,
+                            selected=selected)
     expected = float(np.sum(w * np.where(m > 0, per_tok, 0.0)))
     np.testing.assert_allclose(float(loss), expected, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(float(metrics["policy_loss"]), expected, rtol=1e-5, atol=1e-7)
@@ -200,7 +242,7 @@ def test_on_policy_gradient_is_reinforce(reduction):
     """ratio = 1: ∇ of the regular loss = −A·w (REINFORCE weighted by the reduction)."""
     batch = make_batch(1)
     batch["logprobs"] = batch["old_logprobs"].copy()
-    for name in ("regular", "dual_clip", "gspo"):
+    for name in ("regular", "dual_clip", "gspo", "sapo"):
         config = cfg(policy_loss_type=name, loss_reduction=reduction, eps_clip_low=0.2, eps_clip_high=0.05)
         _, _, grad = loss_and_grad(only(batch), config)
         expected = -np.asarray(batch["advantages"], np.float64) * np_weights(batch["loss_mask"], reduction)
@@ -330,12 +372,12 @@ def test_token_and_sequence_tis():
     # only untruncated rows are corrected: truncated rows keep factor 1
     trunc = np.array([True, False] * 4)
     loss, _, _ = loss_and_grad(only(batch, "rollout_logprobs"),
-                               cfg(tis_ratio_type="sequence", sequence_tis_ratio_clip_high=1.5, off_policy_untruncated_only=True),
+                               cfg(tis_ratio_type="sequence", sequence_tis_ratio_clip_high=1.5, only_untruncated=True),
                                is_truncated=jnp.asarray(trunc))
     factor = np.where(trunc, 1.0, seq_rho)[:, None]
     np.testing.assert_allclose(float(loss), np.sum(w * base * factor * m), rtol=1e-5)
     with pytest.raises(ValueError, match="is_truncated"):
-        loss_and_grad(only(batch, "rollout_logprobs"), cfg(tis_ratio_type="token", off_policy_untruncated_only=True))
+        loss_and_grad(only(batch, "rollout_logprobs"), cfg(tis_ratio_type="token", only_untruncated=True))
     with pytest.raises(ValueError, match="rollout_logprobs"):
         loss_and_grad(only(batch), cfg(tis_ratio_type="token"))
 
@@ -373,7 +415,7 @@ RICH = dict(eps_clip_low=0.2, eps_clip_high=0.05, kl_loss_coef=0.1, entropy_loss
 
 
 def check_invariance(batch, config, splits=(1, 2, 4), mesh_checks=True):
-    weights = rl.compute_loss_weights(batch["loss_mask"], config)
+    weights = weights_of(batch, config)
     full_loss, full_metrics, full_grad = loss_and_grad(batch, config, weights)
     for k in splits:
         parts = rl.split_rows((batch, weights), k)
@@ -412,7 +454,7 @@ def check_invariance(batch, config, splits=(1, 2, 4), mesh_checks=True):
 def test_micro_batch_and_sharding_invariance(reduction):
     batch = {k: jnp.asarray(v) for k, v in make_batch(8, n=16, t=12).items()}
     config = cfg(loss_reduction=reduction, **RICH)
-    w = rl.compute_loss_weights(batch["loss_mask"], config)
+    w = weights_of(batch, config)
     _, metrics, _ = loss_and_grad(batch, config, w)
     # the masks must actually drop rows for the check to cover them
     assert 0 < float(metrics["outlier_seq_masked_ratio"]) < 0.5
@@ -425,6 +467,20 @@ def test_micro_batch_invariance_other_losses(name):
     extra = dict(tis_ratio_type="sequence") if name == "cispo" else dict(kl_loss_coef=0.05, kl_estimator_type="k2")
     check_invariance(batch, cfg(policy_loss_type=name, loss_reduction="sequence_mean", **extra),
                      splits=(4,), mesh_checks=False)
+
+
+@pytest.mark.parametrize("name", ["sapo", "clip_cov", "kl_cov"])
+def test_micro_batch_and_sharding_invariance_new_losses(name):
+    """The token selection of clip_cov / kl_cov is made once per mini-batch, so neither micro-batching
+    nor sharding changes it (SkyRL selects per micro-batch, which does)."""
+    batch = {k: jnp.asarray(v) for k, v in make_batch(12, n=16, t=12, spread=1.0).items()}
+    config = cfg(policy_loss_type=name, loss_reduction="token_mean", clip_cov_ratio=0.05, clip_cov_lb=-1.0,
+                 clip_cov_ub=5.0, kl_cov_frac=0.1, **RICH)
+    w = weights_of(batch, config)
+    if name != "sapo":  # the selection covers several micro-batches' rows
+        rows = np.flatnonzero(np.asarray(w.selected).sum(1))
+        assert len(set(rows // 4)) >= 2, rows
+    check_invariance(batch, config)
 
 
 # ------------------------------ registry and config errors ------------------------------
@@ -450,7 +506,8 @@ def test_register_custom_policy_loss():
 
 def test_unknown_names_list_valid_ones():
     batch = make_batch(10)
-    with pytest.raises(ValueError, match=r"Unknown policy loss 'ppo2'.*cispo, dual_clip, gspo, regular"):
+    with pytest.raises(ValueError, match=r"Unknown policy loss 'ppo2'.*cispo, clip_cov, dual_clip, gspo, kl_cov, "
+                                         r"regular, sapo"):
         loss_and_grad(only(batch), cfg(policy_loss_type="ppo2"))
     with pytest.raises(ValueError, match=r"Unknown loss reduction 'mean'.*sequence_mean.*token_mean"):
         rl.compute_loss_weights(batch["loss_mask"], cfg(loss_reduction="mean"))
@@ -485,8 +542,11 @@ def test_nan_rollout_logprob_on_a_loss_token_drops_its_row(tis):
     # By hand: the only row is invalid engine output -> no policy-gradient term, no ratio.
     assert float(loss) == 0.0 and np.all(np.asarray(grad) == 0.0)
     assert float(metrics["invalid_rollout_seq_ratio"]) == 1.0
-    assert float(metrics["is_ratio_mean"]) == 1.0  # its tokens count as ρ = 1
-    assert float(metrics["is_ratio_max"]) == -np.inf and float(metrics["is_ratio_min"]) == np.inf  # none valid
+    if tis is None:  # metrics rule: no correction enabled -> no is_ratio_* (absent, not 0)
+        assert not [k for k in metrics if k.startswith("is_ratio")]
+    else:
+        assert float(metrics["is_ratio_mean"]) == 1.0  # its tokens count as ρ = 1
+        assert float(metrics["is_ratio_max"]) == -np.inf and float(metrics["is_ratio_min"]) == np.inf  # none valid
     assert all(np.isfinite(float(v)) for k, v in metrics.items() if not k.endswith(("_max", "_min")))
 
     # A valid row with log μ = -1.5 (ρ = e^0.5 on every token) next to the invalid one.
@@ -496,9 +556,10 @@ def test_nan_rollout_logprob_on_a_loss_token_drops_its_row(tis):
     # token_mean over the 8 loss tokens; row 0: r = 1, A = 1 -> ℓ = -1 per token, times the TIS factor.
     np.testing.assert_allclose(float(loss), 4 * -factor / 8, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(grad), np.r_[[[-factor / 8] * 4], [[0.0] * 4]], rtol=1e-6)
-    np.testing.assert_allclose(float(metrics["is_ratio_mean"]), (4 * rho + 4 * 1.0) / 8, rtol=1e-6)
-    np.testing.assert_allclose([float(metrics["is_ratio_max"]), float(metrics["is_ratio_min"])], [rho, rho],
-                               rtol=1e-6)
+    if tis is not None:
+        np.testing.assert_allclose(float(metrics["is_ratio_mean"]), (4 * rho + 4 * 1.0) / 8, rtol=1e-6)
+        np.testing.assert_allclose([float(metrics["is_ratio_max"]), float(metrics["is_ratio_min"])], [rho, rho],
+                                   rtol=1e-6)
     assert float(metrics["invalid_rollout_seq_ratio"]) == 0.5
 
 
@@ -532,3 +593,171 @@ def test_entropy_from_logits_with_minus_inf_entries():
     np.testing.assert_allclose(np.asarray(rl.entropy_from_logits(logits)), ref, rtol=1e-6)
     grad = jax.grad(lambda z: jnp.sum(rl.entropy_from_logits(z)))(jnp.asarray(logits))
     assert np.all(np.isfinite(np.asarray(grad)))
+
+
+# ------------------------------ SAPO, Clip-Cov, KL-Cov (hand values) ------------------------------
+
+def test_sapo_hand_values_and_gradient():
+    # r = 1: f = σ(0)·4/τ = 2/τ; r = 2, A > 0 (τ = 1): f = 4σ(1); r = 0.5, A < 0 (τ = 1.05): f = 4σ(−0.525)/1.05.
+    r = np.array([[1.0, 2.0, 0.5, 1.0]])
+    a = np.array([[1.0, 1.0, -1.0, -2.0]], np.float32)
+    old = np.full_like(r, -1.0, dtype=np.float32)
+    batch = dict(logprobs=(old + np.log(r)).astype(np.float32), old_logprobs=old, advantages=a,
+                 loss_mask=np.ones_like(a))
+    sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
+    f = np.array([2.0, 4 * sig(1.0), 4 * sig(-0.525) / 1.05, 2 / 1.05])
+    hand = -f * a[0]
+    # ∂ℓ/∂logπ = −A·r·f'(r) with f'(r) = 4σ(τ(r−1))(1 − σ(τ(r−1)))
+    tau = np.array([1.0, 1.0, 1.05, 1.05])
+    s = sig(tau * (r[0] - 1))
+    hand_grad = -a[0] * r[0] * 4 * s * (1 - s) / 4  # token mean over 4 tokens
+    loss, metrics, grad = loss_and_grad(batch, cfg(policy_loss_type="sapo"))
+    np.testing.assert_allclose(float(loss), hand.mean(), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad)[0], hand_grad, rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["sapo/gate_mean"]), f.mean(), rtol=1e-6)
+    assert "clip_ratio" not in metrics  # the gate never clips (metrics rule)
+    with pytest.raises(ValueError, match="sapo_tau_pos"):
+        cfg(policy_loss_type="sapo", sapo_tau_pos=0.0)
+
+
+def _cov_batch():
+    """One row of 5 loss tokens (and a masked one) with hand-checkable covariances.
+    A = [2, 0, 0, -2, 1], logπ_old = [-1, -2, -3, -4, -5] (+ a masked token with NaN):
+    mean A = 0.2, mean logπ_old = -3, cov = (A − .2)(old + 3) = [3.6, -0.2, 0, 2.2, -1.6]."""
+    a = np.array([[2.0, 0.0, 0.0, -2.0, 1.0, 7.0]], np.float32)
+    old = np.array([[-1.0, -2.0, -3.0, -4.0, -5.0, np.nan]], np.float32)
+    m = np.array([[1, 1, 1, 1, 1, 0]], np.float32)
+    return dict(logprobs=np.where(m > 0, old + 0.1, 0).astype(np.float32), old_logprobs=old, advantages=a,
+                loss_mask=m)
+
+
+def test_kl_cov_selection_and_loss_by_hand():
+    b = _cov_batch()
+    np.testing.assert_allclose(np_cov(np.nan_to_num(b["old_logprobs"]), b["advantages"], b["loss_mask"])[0, :5],
+                               [3.6, -0.2, 0.0, 2.2, -1.6], atol=1e-12)
+    # frac 0.4 of 5 tokens -> k = 2: the covariances 3.6 and 2.2 (tokens 0 and 3)
+    config = cfg(policy_loss_type="kl_cov", kl_cov_frac=0.4, ppo_kl_coef=0.5)
+    w = weights_of({k: jnp.asarray(v) for k, v in b.items()}, config)
+    np.testing.assert_array_equal(np.asarray(w.selected), [[1, 0, 0, 1, 0, 0]])
+    loss, metrics, grad = loss_and_grad(b, config)
+    r = np.exp(0.1)
+    # ℓ = −A·r + s·0.5·|0.1|, token mean over 5 tokens
+    hand = -b["advantages"][0, :5] * r + np.array([1, 0, 0, 1, 0]) * 0.05
+    np.testing.assert_allclose(float(loss), hand.mean(), rtol=1e-5)
+    # ∂ℓ/∂logπ = −A·r + s·0.5·sign(Δ)
+    np.testing.assert_allclose(np.asarray(grad)[0, :5], (-b["advantages"][0, :5] * r + np.array([1, 0, 0, 1, 0]) * 0.5) / 5,
+                               rtol=1e-5)
+    assert float(np.asarray(grad)[0, 5]) == 0.0
+    np.testing.assert_allclose(float(metrics["kl_cov/selected_ratio"]), 2 / 5, rtol=1e-6)
+    # a fraction below one token still selects one (SkyRL: max(1, ⌊frac·n⌋))
+    w = weights_of({k: jnp.asarray(v) for k, v in b.items()}, cfg(policy_loss_type="kl_cov", kl_cov_frac=0.01))
+    np.testing.assert_array_equal(np.asarray(w.selected), [[1, 0, 0, 0, 0, 0]])
+
+
+def test_clip_cov_random_selection_among_candidates():
+    b = {k: jnp.asarray(v) for k, v in _cov_batch().items()}
+    # candidates lb < cov < ub with (lb, ub) = (-0.1, 3.0): tokens 2 (0.0) and 3 (2.2); ratio 0.2 -> k = 1
+    config = cfg(policy_loss_type="clip_cov", clip_cov_ratio=0.2, clip_cov_lb=-0.1, clip_cov_ub=3.0)
+    picks = np.array([np.asarray(rl.compute_loss_weights(b["loss_mask"], config, old_logprobs=b["old_logprobs"],
+                                                         advantages=b["advantages"], rng=jax.random.key(i)).selected)[0]
+                      for i in range(40)])
+    assert np.all(picks.sum(1) == 1) and set(np.flatnonzero(picks.sum(0))) == {2, 3}  # one of the two, each drawn
+    assert 8 <= picks[:, 2].sum() <= 32  # roughly uniform (binomial(40, 1/2): this fails with p < 1e-4)
+    # ratio 0.6 -> k = 3 > 2 candidates: both
+    w = weights_of(b, cfg(policy_loss_type="clip_cov", clip_cov_ratio=0.6, clip_cov_lb=-0.1, clip_cov_ub=3.0))
+    np.testing.assert_array_equal(np.asarray(w.selected), [[0, 0, 1, 1, 0, 0]])
+    # the loss: PPO-clip times (1 − s); selected tokens have no gradient
+    loss, metrics, grad = loss_and_grad(_cov_batch(), cfg(policy_loss_type="clip_cov", clip_cov_ratio=0.6,
+                                                          clip_cov_lb=-0.1, clip_cov_ub=3.0, eps_clip_high=0.2))
+    a, r = _cov_batch()["advantages"][0, :5], np.exp(0.1)
+    ppo = np.maximum(-a * r, -a * np.clip(r, 0.8, 1.2))
+    np.testing.assert_allclose(float(loss), (ppo * [1, 1, 0, 0, 1]).mean(), rtol=1e-5)
+    assert float(grad[0, 2]) == 0.0 and float(grad[0, 3]) == 0.0 and float(grad[0, 0]) != 0.0
+    np.testing.assert_allclose(float(metrics["clip_ratio"]), 2 / 5, rtol=1e-6)
+    assert float(metrics["ppo_clip_ratio"]) == 0.0  # r = e^0.1 is inside [0.8, 1.2]
+    with pytest.raises(ValueError, match="rng"):
+        rl.compute_loss_weights(b["loss_mask"], config, old_logprobs=b["old_logprobs"], advantages=b["advantages"])
+    with pytest.raises(ValueError, match="weights.selected"):
+        rl.micro_batch_loss(b["logprobs"], b["old_logprobs"], b["advantages"], b["loss_mask"],
+                            rl.compute_loss_weights(b["loss_mask"], cfg()), config)
+    with pytest.raises(ValueError, match="clip_cov_lb"):
+        cfg(policy_loss_type="clip_cov", clip_cov_lb=5.0, clip_cov_ub=1.0)
+
+
+# ------------------------------ KL in the reward and its controllers ------------------------------
+
+def test_adaptive_and_fixed_kl_controllers():
+    # SkyRL's case: β 0.2, target 0.1, KL 0.2 -> error 1 clipped to 0.2; ×(1 + 0.2·10/100) = 0.204
+    np.testing.assert_allclose(rl.update_kl_coef(0.2, 0.2, 10, "adaptive", kl_target=0.1, horizon=100), 0.204)
+    # below target: KL 0.05 -> error −0.5 clipped to −0.2 -> 0.2·(1 − 0.2·10/100) = 0.196
+    np.testing.assert_allclose(rl.update_kl_coef(0.2, 0.05, 10, "adaptive", kl_target=0.1, horizon=100), 0.196)
+    # within the clip: KL 0.11 -> error 0.1 -> 0.2·1.01
+    np.testing.assert_allclose(rl.update_kl_coef(0.2, 0.11, 10, "adaptive", kl_target=0.1, horizon=100), 0.202)
+    assert rl.update_kl_coef(0.1, 1.0, 10, "fixed") == 0.1
+    with pytest.raises(ValueError, match="kl_ctrl_type"):
+        rl.update_kl_coef(0.1, 1.0, 10, "pid")
+    with pytest.raises(ValueError, match="non-finite"):
+        rl.update_kl_coef(0.1, float("nan"), 10, "adaptive")
+
+
+@pytest.mark.parametrize("kind", ["k1", "k3"])
+def test_kl_penalized_rewards_against_reference(kind):
+    batch = make_batch(13)
+    m = batch["loss_mask"]
+    rewards = np.zeros_like(m)
+    rewards[np.arange(len(m)), np.maximum(m.shape[1] - 1 - np.argmax(m[:, ::-1], 1), 0)] = 1.0  # last loss token
+    dirty_old = np.where(m > 0, batch["old_logprobs"], np.nan).astype(np.float32)
+    got, metrics = rl.kl_penalized_rewards(rewards, dirty_old, batch["ref_logprobs"], m, 0.3, kind,
+                                           sequence_mask=m.sum(1) > 0)
+    kl = np_kl(batch["old_logprobs"], batch["ref_logprobs"], kind) * m
+    np.testing.assert_allclose(np.asarray(got), rewards - 0.3 * kl, rtol=1e-6, atol=1e-7)
+    rows = m.sum(1) > 0
+    np.testing.assert_allclose(float(metrics["avg_kl"]), np.mean((kl.sum(1) / np.maximum(m.sum(1), 1))[rows]), rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["avg_kl_max"]), np.mean(np.abs(kl).max(1)[rows]), rtol=1e-5)
+    got, _ = rl.kl_penalized_rewards(rewards, batch["old_logprobs"], batch["ref_logprobs"], m, -1.0, kind)
+    np.testing.assert_array_equal(np.asarray(got), rewards)  # a negative β counts as 0 (SkyRL)
+
+
+# ------------------------------ the metrics rule: an option that is off reports nothing ------------------------------
+
+RATIO = {"is_ratio_mean", "is_ratio_max", "is_ratio_min"}  # the diagnostics of any off-policy correction
+FAMILIES = {  # option settings -> exactly the metric names they add to the default loss's
+    "tis_token": (dict(tis_ratio_type="token"), RATIO | {"tis_token_clip_high_ratio"}),
+    "tis_sequence": (dict(tis_ratio_type="sequence"), RATIO | {"tis_seq_clip_high_ratio"}),
+    "outlier": (dict(outlier_token_is_threshold_high=1e4),
+                RATIO | {"outlier_seq_masked_ratio", "outlier_seq_over_high_ratio", "outlier_seq_under_low_ratio"}),
+    "token_mask": (dict(token_mask_is_threshold_low=1e-4, token_mask_is_threshold_high=1e4), RATIO | {"token_mask_ratio"}),
+    "geo_mask": (dict(sequence_mask_metric="geometric"),
+                 RATIO | {f"geo_sequence_mask_{k}_ratio" for k in ("masked", "over_high", "under_low")}),
+    "product_mask": (dict(sequence_mask_metric="product"),
+                     RATIO | {f"product_sequence_mask_{k}_ratio" for k in ("masked", "over_high", "under_low")}),
+    "kl_loss": (dict(kl_loss_coef=0.1), {"kl_loss"}),
+    "dual_clip": (dict(policy_loss_type="dual_clip"), {"dual_clip_ratio"}),
+    "cispo": (dict(policy_loss_type="cispo"), {"cispo/ratio_mean", "cispo/ratio_clamped_mean", "cispo/ratio_max",
+                                               "cispo/ratio_min"}),
+    "clip_cov": (dict(policy_loss_type="clip_cov"), {"ppo_clip_ratio"}),
+}
+# options that replace some of the default loss's metrics: (settings, removed, added)
+REPLACING = {
+    "cispo": ({"clip_ratio_low", "clip_ratio_high", "ratio_mean", "ratio_max", "ratio_min"}),
+    "clip_cov": ({"clip_ratio_low", "clip_ratio_high"}),
+}
+
+
+def test_metrics_of_an_option_are_absent_when_it_is_off():
+    """docs/recipes.md "Metrics": a metric is reported iff the option producing it is on."""
+    batch = only(make_batch(14), "rollout_logprobs", "ref_logprobs", "entropy")
+    _, base, _ = loss_and_grad(batch, cfg())
+    default = {"loss", "policy_loss", "approx_kl", "policy_kl", "entropy", "invalid_rollout_seq_ratio",
+               "clip_ratio", "clip_ratio_low", "clip_ratio_high", "ratio_mean", "ratio_max", "ratio_min"}
+    assert set(base) == default, sorted(set(base) ^ default)
+    for family, (options, names) in FAMILIES.items():
+        _, metrics, _ = loss_and_grad(batch, cfg(**options))
+        assert set(metrics) == (default - REPLACING.get(family, set())) | names, (family, sorted(set(metrics) ^ default))
+    # losses without clipping report no clip_ratio (SkyRL logs a constant 0 for them)
+    for name, own in (("sapo", {"sapo/gate_mean"}), ("kl_cov", {"kl_cov/selected_ratio", "kl_cov/abs_kl"})):
+        _, metrics, _ = loss_and_grad(batch, cfg(policy_loss_type=name))
+        assert set(metrics) == default - {"clip_ratio", "clip_ratio_low", "clip_ratio_high"} | own, name
+    # diagnostics of an input are absent without it (no μ, no reference, no entropy)
+    _, metrics, _ = loss_and_grad(only(make_batch(14)), cfg())
+    assert set(metrics) == default - {"policy_kl", "invalid_rollout_seq_ratio", "entropy"}

@@ -1,15 +1,20 @@
 """jaxrl.rl: RL objectives as pure jax.numpy functions of arrays.
 
-advantages.py  group-relative outcome estimators (rloo, rloo_n, grpo, reinforce_pp)
-losses.py      policy losses (regular, dual_clip, gspo, cispo), mini-batch reductions
+advantages.py  outcome estimators (rloo, rloo_n, grpo, maxrl) and token-level ones with returns
+               (reinforce_pp / reinforce++ with a discount, gae with a value model)
+losses.py      policy losses (regular, dual_clip, gspo, cispo, sapo, clip_cov, kl_cov), mini-batch reductions
                (token_mean, sequence_mean, seq_mean_token_sum_norm), KL, entropy,
                off-policy correction (TIS, outlier / token / sequence masks), metrics
+value.py       the critic's clipped value loss and explained variance
+kl_control.py  KL penalty in the reward, fixed and adaptive KL controllers
 registry.py    name → function tables; `register_*` decorators for custom variants
 
 Nothing here imports jaxrl.train, jaxrl.rollout or jaxrl.envs.
 """
 from jaxrl.rl.registry import (
+    estimator_needs_values,
     get_advantage_estimator,
+    is_token_level_estimator,
     get_loss_reduction,
     get_policy_loss,
     list_advantage_estimators,
@@ -23,8 +28,13 @@ from jaxrl.rl.advantages import (
     AdvantageConfig,
     broadcast_to_tokens,
     compute_advantages,
+    compute_advantages_and_returns,
+    discounted_returns,
+    gae,
     gather_to_tokens,
     grpo,
+    masked_whiten,
+    maxrl,
     reinforce_pp,
     rloo,
     rloo_n,
@@ -34,6 +44,7 @@ from jaxrl.rl.losses import (
     LossWeights,
     combine_metrics,
     compute_loss_weights,
+    covariance_selection,
     entropy_from_logits,
     kl_penalty,
     micro_batch_loss,
@@ -42,3 +53,5 @@ from jaxrl.rl.losses import (
     off_policy_correction,
     split_rows,
 )
+from jaxrl.rl.value import explained_variance, value_loss
+from jaxrl.rl.kl_control import kl_penalized_rewards, update_kl_coef

@@ -48,6 +48,17 @@ Non-finite values (the rule, per input):
     with a possibly infinite factor (`p · z` in `entropy_from_logits` with −inf logits) is taken only
     where the factor is finite.
 
+Metrics (one rule for every family): a metric is reported iff the option or input that
+produces it is active; an option that is off reports nothing, never a placeholder 0.
+  * the policy loss's own metrics: those of `policy_loss_type` only (e.g. clip_ratio exists for
+    the clipping losses, not for sapo / kl_cov, where SkyRL logs a constant 0);
+  * off-policy correction: is_ratio_mean/max/min iff any correction is enabled
+    (`uses_off_policy_correction`), plus the metrics of each enabled part (outlier_seq_*,
+    token_mask_ratio, tis_*_clip_high_ratio, {geo,product}_sequence_mask_*);
+  * invalid_rollout_seq_ratio iff rollout_logprobs are given (the invalid-row guard is then on);
+  * policy_kl iff ref_logprobs are given; kl_loss iff the KL loss term is on;
+  * entropy iff the per-token entropy is given; policy_loss, loss and approx_kl always.
+
 Deliberate differences from SkyRL:
   * KL term: same estimator, but normalised as a global SEQUENCE mean over the mini-batch (SkyRL:
     a per-micro-batch sequence mean weighted by micro-batch size, which equals it when
@@ -57,7 +68,7 @@ Deliberate differences from SkyRL:
     tokens only; SkyRL's `is_ratio_max/min/std` count masked positions as 0.
   * No `use_kl_loss` / `use_entropy_loss` flags: a term is on iff its coefficient is non-zero,
     and the reference model is needed iff `kl_loss_coef != 0` (`needs_reference_model`).
-  * `off_policy_untruncated_only` (new): apply the off-policy correction (TIS factor and
+  * `only_untruncated` (new): apply the off-policy correction (TIS factor and
     masks) only to rows whose `is_truncated` is False.
   * Rows are trajectories: sequence-level quantities (sequence_mean, GSPO, sequence TIS,
     sequence masks) are per ROW, so rows must not pack several trajectories when they are used.
@@ -92,7 +103,8 @@ class LossConfig:
     Names follow SkyRL's `trainer.algorithm.*` keys so recipes port over.
 
     Attributes:
-      policy_loss_type: registry name: "regular", "dual_clip", "gspo", "cispo" or custom.
+      policy_loss_type: registry name: "regular", "dual_clip", "gspo", "cispo", "sapo", "clip_cov",
+        "kl_cov" or a custom one.
       loss_reduction: "token_mean", "sequence_mean", "seq_mean_token_sum_norm" (alias
         "seq_mean_token_sum_norm_global") or a custom registered reduction.
       max_seq_len: the constant of `seq_mean_token_sum_norm` (total sequence budget, e.g. the
@@ -104,14 +116,24 @@ class LossConfig:
       cispo_eps_clip_low, cispo_eps_clip_high: CISPO weight clamp [1 − low, 1 + high] (ScaleRL
         defaults 1.0 / 4.0, i.e. [0, 5]).
       cispo_anchor: "old" (r = π/π_old) or "rollout" (r = π/μ; incompatible with TIS).
+      sapo_tau_pos, sapo_tau_neg: SAPO gate temperatures for A > 0 and A <= 0 (SkyRL
+        `sapo.tau_pos` 1.0, `sapo.tau_neg` 1.05); both > 0.
+      clip_cov_ratio, clip_cov_lb, clip_cov_ub: Clip-Cov: the fraction of loss tokens whose
+        gradient is cut (SkyRL `clip_cov.clip_ratio`, 2e-4), drawn uniformly among the tokens whose
+        centred covariance lies strictly inside (lb, ub) (1.0, 5.0).
+      kl_cov_frac, ppo_kl_coef: KL-Cov: the fraction of loss tokens with the largest covariance
+        (SkyRL `kl_cov.kl_cov_frac`, 0.2) that get the penalty ppo_kl_coef·|logπ − logπ_old| (1.0).
+      use_kl_loss: add kl_loss_coef · KL(π_θ ‖ π_ref) to the loss (SkyRL `use_kl_loss`); the term
+        is on iff use_kl_loss and kl_loss_coef != 0. Off when the KL is in the reward instead.
       kl_loss_coef: coefficient of the KL(π_θ ‖ π_ref) loss term; 0 disables it (and the ref model).
       kl_estimator_type: "k1", "k2", "k3" or "abs" (see `kl_penalty`).
       entropy_loss_coef: coefficient of the entropy bonus (loss −= coef · entropy); 0 disables it.
       tis_ratio_type: None, "token" or "sequence" truncated importance sampling between π_old and
         μ (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL").
       token_tis_ratio_clip_high, sequence_tis_ratio_clip_high: TIS caps (SkyRL defaults 2 and 5).
-      off_policy_untruncated_only: apply TIS and the off-policy masks only to rows whose
-        `is_truncated` is False (the `is_truncated` input is then required).
+      only_untruncated: apply TIS and the off-policy masks only to rows whose `is_truncated` is
+        False (the `is_truncated` input is then required); config key
+        `trainer.algorithm.off_policy_correction.only_untruncated` (not in SkyRL).
       outlier_token_is_threshold_low / _high: drop a whole row if any loss token has
         ρ = π_old/μ below low / above high (either may be None).
       token_mask_is_threshold_low / _high: (both or neither) drop single tokens with ρ outside
@@ -130,13 +152,21 @@ class LossConfig:
     cispo_eps_clip_low: float = 1.0
     cispo_eps_clip_high: float = 4.0
     cispo_anchor: str = "old"
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+    clip_cov_ratio: float = 2e-4
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_frac: float = 0.2
+    ppo_kl_coef: float = 1.0
+    use_kl_loss: bool = True
     kl_loss_coef: float = 0.0
     kl_estimator_type: str = "k3"
     entropy_loss_coef: float = 0.0
     tis_ratio_type: Optional[str] = None
     token_tis_ratio_clip_high: float = 2.0
     sequence_tis_ratio_clip_high: float = 5.0
-    off_policy_untruncated_only: bool = False
+    only_untruncated: bool = False
     outlier_token_is_threshold_low: Optional[float] = None
     outlier_token_is_threshold_high: Optional[float] = None
     token_mask_is_threshold_low: Optional[float] = None
@@ -181,6 +211,27 @@ class LossConfig:
             )
         if self.token_tis_ratio_clip_high <= 0 or self.sequence_tis_ratio_clip_high <= 0:
             raise ValueError("token_tis_ratio_clip_high and sequence_tis_ratio_clip_high must be > 0.")
+        if self.sapo_tau_pos <= 0 or self.sapo_tau_neg <= 0:
+            raise ValueError(f"sapo_tau_pos and sapo_tau_neg must be > 0, got {self.sapo_tau_pos}, {self.sapo_tau_neg}.")
+        if not 0.0 < self.clip_cov_ratio <= 1.0:
+            raise ValueError(f"clip_cov_ratio must be in (0, 1], got {self.clip_cov_ratio}.")
+        if not self.clip_cov_lb < self.clip_cov_ub:
+            raise ValueError(f"clip_cov_lb must be < clip_cov_ub, got {self.clip_cov_lb}, {self.clip_cov_ub}.")
+        if not 0.0 < self.kl_cov_frac <= 1.0:
+            raise ValueError(f"kl_cov_frac must be in (0, 1], got {self.kl_cov_frac}.")
+        if self.ppo_kl_coef < 0.0:
+            raise ValueError(f"ppo_kl_coef must be >= 0, got {self.ppo_kl_coef}.")
+        for name in ("outlier_token_is_threshold_low", "outlier_token_is_threshold_high",
+                     "token_mask_is_threshold_low", "token_mask_is_threshold_high"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 (a bound on the ratio π_old/μ) or None, got {value}.")
+        for low, high in (("outlier_token_is_threshold_low", "outlier_token_is_threshold_high"),
+                          ("token_mask_is_threshold_low", "token_mask_is_threshold_high"),
+                          ("geo_mask_low", "geo_mask_high"), ("product_mask_low", "product_mask_high")):
+            lo, hi = getattr(self, low), getattr(self, high)
+            if lo is not None and hi is not None and not 0 <= lo < hi:
+                raise ValueError(f"{low} must be >= 0 and below {high}, got {lo} and {hi}.")
         if self.policy_loss_type == "cispo" and self.cispo_anchor == "rollout" and self.tis_ratio_type:
             raise ValueError(
                 "cispo with cispo_anchor='rollout' already weights by π/μ; set tis_ratio_type=None "
@@ -205,8 +256,8 @@ def _check_choice(field, value, choices):
 
 
 def needs_reference_model(config: LossConfig) -> bool:
-    """True iff the loss has a KL-to-reference term (kl_loss_coef != 0)."""
-    return float(config.kl_loss_coef) != 0.0
+    """True iff the loss has a KL-to-reference term (use_kl_loss and kl_loss_coef != 0)."""
+    return bool(config.use_kl_loss) and float(config.kl_loss_coef) != 0.0
 
 
 class LossWeights(NamedTuple):
@@ -216,6 +267,9 @@ class LossWeights(NamedTuple):
     token:         [N, T] loss_mask / max(Σ loss_mask, 1): global token mean (entropy, metrics).
     sequence_token:[N, T] loss_mask / (B · max(L_i, 1)): global sequence mean (KL term).
     sequence:      [N] sequence_mask / max(B, 1): mean over sequences (per-row metrics).
+    selected:      [N, T] float 0/1 or None: the tokens the covariance losses (`clip_cov`,
+                   `kl_cov`) act on, chosen once for the whole mini-batch (`covariance_selection`);
+                   None for every other loss.
     B = Σ sequence_mask (rows with an all-zero loss_mask still count, as in SkyRL), L_i = Σ_t m.
     """
 
@@ -223,6 +277,7 @@ class LossWeights(NamedTuple):
     token: jax.Array
     sequence_token: jax.Array
     sequence: jax.Array
+    selected: Optional[jax.Array] = None
 
 
 def _num_sequences(sequence_mask):
@@ -254,17 +309,22 @@ def seq_mean_token_sum_norm_weights(loss_mask, sequence_mask, config):
 register_loss_reduction("seq_mean_token_sum_norm_global")(seq_mean_token_sum_norm_weights)
 
 
-def compute_loss_weights(loss_mask, config: LossConfig, sequence_mask=None) -> LossWeights:
+def compute_loss_weights(loss_mask, config: LossConfig, sequence_mask=None, *, old_logprobs=None,
+                         advantages=None, rng=None) -> LossWeights:
     """Normalisation of ONE WHOLE mini-batch; call it before splitting into micro-batches.
 
     Args:
       loss_mask: [N, T] (bool or 0/1), target-aligned, of the whole mini-batch; the mask BEFORE
         any off-policy masking (off-policy masks do not renormalise, as in SkyRL).
-      config: LossConfig (`loss_reduction`, `max_seq_len`).
+      config: LossConfig (`loss_reduction`, `max_seq_len`, the covariance-loss options).
       sequence_mask: optional [N] bool: False for padding rows added to reach a static shape
         (they do not count in the number of sequences B). None = every row is a sequence.
+      old_logprobs, advantages: float [N, T] of the whole mini-batch; required by `clip_cov` and
+        `kl_cov`, whose token selection is made here (`covariance_selection`).
+      rng: a `jax.random` key; required by `clip_cov` (its random draw among candidates).
     Returns: LossWeights (float32).
-    Raises: ValueError for bad shapes, an unknown reduction or a missing max_seq_len.
+    Raises: ValueError for bad shapes, an unknown reduction, a missing max_seq_len, or a covariance
+      loss without old_logprobs / advantages / rng.
     """
     loss_mask = jnp.asarray(loss_mask)
     if loss_mask.ndim != 2:
@@ -280,12 +340,79 @@ def compute_loss_weights(loss_mask, config: LossConfig, sequence_mask=None) -> L
     m = m * s[:, None]
     reduction = get_loss_reduction(config.loss_reduction)
     policy = reduction(m, s, config)
+    selected = None
+    if config.policy_loss_type in COVARIANCE_LOSSES:
+        if old_logprobs is None or advantages is None or (config.policy_loss_type == "clip_cov" and rng is None):
+            raise ValueError(
+                f"policy_loss_type={config.policy_loss_type!r} selects its tokens over the whole mini-batch: pass "
+                "old_logprobs, advantages" + (" and rng" if config.policy_loss_type == "clip_cov" else "")
+                + " to compute_loss_weights.")
+        for name, x in (("old_logprobs", old_logprobs), ("advantages", advantages)):
+            if jnp.shape(x) != m.shape:
+                raise ValueError(f"{name} must have the shape of loss_mask {m.shape}, got {jnp.shape(x)}.")
+        selected = covariance_selection(old_logprobs, advantages, m > 0, config, rng).astype(jnp.float32)
     return LossWeights(
         policy=policy.astype(jnp.float32),
         token=token_mean_weights(m, s, config),
         sequence_token=sequence_mean_weights(m, s, config),
         sequence=s / _num_sequences(s),
+        selected=selected,
     )
+
+
+# Losses whose per-token behaviour depends on a selection of tokens made over the whole mini-batch.
+COVARIANCE_LOSSES = ("clip_cov", "kl_cov")
+
+
+def _rank_descending(scores):
+    """Rank (0 = largest) of every entry of `scores` [N, T] in the flattened mini-batch; ties are
+    broken by position (row-major), so the ranking does not depend on how rows are sharded."""
+    flat = scores.reshape(-1)
+    order = jnp.argsort(-flat, stable=True)
+    return jnp.zeros(flat.shape, jnp.int32).at[order].set(jnp.arange(flat.size, dtype=jnp.int32)).reshape(scores.shape)
+
+
+def _count_of(fraction, n):
+    """max(⌊fraction · n⌋, 1) for a traced token count n (float32; the 1e-6 guards ⌊2 − ulp⌋ = 1)."""
+    return jnp.maximum(jnp.floor(fraction * n * (1.0 + 1e-6)), 1.0)
+
+
+def covariance_selection(old_logprobs, advantages, loss_mask, config: LossConfig, rng=None):
+    """The tokens `clip_cov` / `kl_cov` act on (Cui et al. 2025, "The Entropy Mechanism of
+    Reinforcement Learning for Reasoning Language Models", arXiv 2505.22617, §4; SkyRL
+    `compute_policy_loss_clip_cov` / `_kl_cov`).
+
+    Per loss token, the centred covariance term cov_t = (A_t − Ā)·(logπ_old,t − mean logπ_old),
+    means over the loss tokens of the whole mini-batch, n = their number.
+      * clip_cov: candidates are the tokens with clip_cov_lb < cov < clip_cov_ub; k =
+        max(⌊clip_cov_ratio · n⌋, 1) of them are drawn uniformly at random (all if fewer), with
+        `rng`.
+      * kl_cov: the k = max(⌊kl_cov_frac · n⌋, 1) tokens with the largest cov (ties by position).
+
+    Deliberate difference from SkyRL: the selection is made ONCE per mini-batch from π_old and the
+    mini-batch's advantages, before it is split, so it does not depend on micro-batching or
+    sharding (SkyRL selects per micro-batch with the current logπ; at the first update of a step
+    π_θ = π_old and the two agree, except that SkyRL's clip_cov also excludes tokens the PPO clip
+    already cut, which at π_old are none). For clip_cov a token selected but later clipped by PPO
+    has no gradient either way.
+
+    Args: old_logprobs, advantages float [N, T]; loss_mask bool [N, T]; config; rng a key (clip_cov).
+    Returns: bool [N, T].
+    """
+    m = jnp.asarray(loss_mask).astype(bool)
+    old = jnp.where(m, jnp.asarray(old_logprobs, jnp.float32), 0.0)
+    adv = jnp.where(m, jnp.asarray(advantages, jnp.float32), 0.0)
+    n = jnp.sum(m.astype(jnp.float32))
+    mean = lambda x: jnp.sum(x) / jnp.maximum(n, 1.0)  # noqa: E731
+    cov = jnp.where(m, (adv - mean(adv)) * (old - mean(old)), 0.0)
+    if config.policy_loss_type == "clip_cov":
+        candidate = m & (cov > config.clip_cov_lb) & (cov < config.clip_cov_ub)
+        score = jnp.where(candidate, jax.random.uniform(rng, m.shape), -1.0)
+        k, eligible = _count_of(config.clip_cov_ratio, n), candidate
+    else:
+        score = jnp.where(m, cov, -jnp.inf)
+        k, eligible = _count_of(config.kl_cov_frac, n), m
+    return jax.lax.stop_gradient(eligible & (_rank_descending(score) < k))
 
 
 # --------------------------------------------------------------------------------------------
@@ -391,6 +518,68 @@ def cispo_loss(logprobs, old_logprobs, advantages, loss_mask, config, rollout_lo
     return loss, metrics
 
 
+@register_policy_loss("sapo")
+def sapo_loss(logprobs, old_logprobs, advantages, loss_mask, config, rollout_logprobs=None):
+    """SAPO, soft adaptive policy optimisation ("Soft Adaptive Policy Optimization", arXiv
+    2511.20347; SkyRL `sapo`): a smooth gate instead of the hard PPO clip.
+
+    r = exp(clamp(logπ − logπ_old, ±20)); τ = sapo_tau_pos if A > 0 else sapo_tau_neg;
+    f(r) = σ(τ·(r − 1)) · 4/τ; ℓ = −f(r)·A. At r = 1, ∂ℓ/∂logπ = −A (f'(1)·1 = 1: the REINFORCE
+    gradient); the gradient −A·r·f'(r) = −A·4r·σ(1 − σ) decays smoothly as r leaves 1. SkyRL
+    recommends loss_reduction="sequence_mean" (the paper's).
+
+    Metrics: sapo/gate_mean (mean of f(r)), ratio_mean / ratio_max / ratio_min. No clip_ratio (the
+    gate never clips; SkyRL reports a constant 0).
+    """
+    ratio = _ratio(logprobs - old_logprobs, loss_mask)
+    tau = jnp.where(advantages > 0, config.sapo_tau_pos, config.sapo_tau_neg)
+    gate = jax.nn.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    metrics = {"sapo/gate_mean": gate, "ratio_mean": ratio, "ratio_max": ratio, "ratio_min": ratio}
+    return -gate * advantages, metrics
+
+
+@register_policy_loss("clip_cov")
+def clip_cov_loss(logprobs, old_logprobs, advantages, loss_mask, config, rollout_logprobs=None, *, selected):
+    """Clip-Cov (Cui et al. 2025, arXiv 2505.22617, §4.2; SkyRL `clip_cov`): the PPO-clip loss with
+    the gradient of a few high-covariance tokens cut.
+
+    ℓ = max(−r·A, −clip(r, 1−eps_clip_low, 1+eps_clip_high)·A) · (1 − s), s the token selection of
+    `covariance_selection` (a random clip_cov_ratio of the tokens with clip_cov_lb < cov <
+    clip_cov_ub), passed in by `micro_batch_loss` from `LossWeights.selected`.
+
+    Metrics: clip_ratio = the fraction of loss tokens cut by the selection (SkyRL's meaning for
+    this loss), ppo_clip_ratio (where the PPO clip is active), ratio_mean / ratio_max / ratio_min.
+    Deliberate difference from SkyRL: r is exp(clamp(Δ, ±20)) like every other loss (SkyRL: no clamp).
+    """
+    ratio = _ratio(logprobs - old_logprobs, loss_mask)
+    loss, ppo = _ppo_clip(ratio, advantages, config)
+    keep = 1.0 - jax.lax.stop_gradient(selected)
+    metrics = {"clip_ratio": 1.0 - keep, "ppo_clip_ratio": ppo["clip_ratio"],
+               **{k: ppo[k] for k in ("ratio_mean", "ratio_max", "ratio_min")}}
+    return loss * keep, metrics
+
+
+@register_policy_loss("kl_cov")
+def kl_cov_loss(logprobs, old_logprobs, advantages, loss_mask, config, rollout_logprobs=None, *, selected):
+    """KL-Cov (Cui et al. 2025, arXiv 2505.22617, §4.2; SkyRL `kl_cov`): an unclipped
+    policy-gradient loss with a KL penalty on the highest-covariance tokens.
+
+    ℓ = −r·A + s · ppo_kl_coef · |logπ − logπ_old|, r = exp(clamp(logπ − logπ_old, ±20)), s the
+    top-kl_cov_frac covariance selection of `covariance_selection` (`LossWeights.selected`).
+
+    Metrics: kl_cov/selected_ratio (fraction of loss tokens penalised), kl_cov/abs_kl (mean
+    |logπ − logπ_old| over all loss tokens), ratio_mean / ratio_max / ratio_min. No clip_ratio
+    (nothing is clipped; SkyRL reports a constant 0).
+    """
+    delta = jnp.where(loss_mask, logprobs - old_logprobs, 0.0)
+    ratio = _ratio(delta, loss_mask)
+    s = jax.lax.stop_gradient(selected)
+    abs_kl = jnp.abs(delta)
+    metrics = {"kl_cov/selected_ratio": s, "kl_cov/abs_kl": jax.lax.stop_gradient(abs_kl),
+               "ratio_mean": ratio, "ratio_max": ratio, "ratio_min": ratio}
+    return -advantages * ratio + s * config.ppo_kl_coef * abs_kl, metrics
+
+
 # --------------------------------------------------------------------------------------------
 # KL, entropy, off-policy correction
 # --------------------------------------------------------------------------------------------
@@ -467,7 +656,7 @@ def off_policy_correction(old_logprobs, rollout_logprobs, loss_mask, weights: Lo
       4. sequence mask: "geometric" g_i = exp(Σ m log ρ / max(Σ m, 1)) kept iff in
          [geo_mask_low, geo_mask_high]; "product" exp(clamp(Σ m log ρ, ±20)) in
          [product_mask_low, product_mask_high].
-    With `off_policy_untruncated_only`, rows with is_truncated=True get factor 1 and are never
+    With `only_untruncated`, rows with is_truncated=True get factor 1 and are never
     dropped by 1, 2 or 4. A row with a NaN/inf rollout logprob on a loss token is always dropped
     (kept_mask False, factor 1) and counted in `invalid_rollout_seq_ratio` (module docstring).
 
@@ -475,7 +664,7 @@ def off_policy_correction(old_logprobs, rollout_logprobs, loss_mask, weights: Lo
       micro-batch's rows, for the metrics); config; is_truncated optional bool [N].
     Returns: (factor [N, T] float32, kept_mask [N, T] bool, metrics dict of scalars, all
       micro-batch-summable; keys ending in _max/_min combine by max/min).
-    Raises: ValueError if off_policy_untruncated_only and is_truncated is None.
+    Raises: ValueError if only_untruncated and is_truncated is None.
     """
     loss_tokens = jnp.asarray(loss_mask).astype(bool)
     invalid_row = _invalid_rollout_rows(rollout_logprobs, loss_tokens)
@@ -484,10 +673,10 @@ def off_policy_correction(old_logprobs, rollout_logprobs, loss_mask, weights: Lo
         mask, jnp.asarray(rollout_logprobs, jnp.float32), 0.0)
     log_rho = jax.lax.stop_gradient(jnp.clip(log_rho, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     rho = jnp.exp(log_rho)
-    if config.off_policy_untruncated_only:
+    if config.only_untruncated:
         if is_truncated is None:
             raise ValueError(
-                "off_policy_untruncated_only=True needs is_truncated [N] (stop_reason != 'stop')."
+                "only_untruncated=True needs is_truncated [N] (stop_reason != 'stop')."
             )
         row_applies = ~jnp.asarray(is_truncated).astype(bool) & ~invalid_row
     else:
@@ -573,7 +762,7 @@ def micro_batch_loss(logprobs, old_logprobs, advantages, loss_mask, weights: Los
         `policy_kl` metric when present).
       entropy: [N, T] per-token entropy of π_θ (`entropy_from_logits`); required iff
         entropy_loss_coef != 0 (also gives the `entropy` metric when present).
-      is_truncated: [N] bool, stop_reason != "stop"; required iff off_policy_untruncated_only.
+      is_truncated: [N] bool, stop_reason != "stop"; required iff only_untruncated.
     Non-finite inputs: see the module docstring (masked: never leak; trainer-computed inputs on
     loss tokens: reach the loss; a row with a NaN/inf rollout logprob on a loss token: dropped from
     the policy-gradient term and counted in `invalid_rollout_seq_ratio`).
@@ -612,7 +801,14 @@ def micro_batch_loss(logprobs, old_logprobs, advantages, loss_mask, weights: Los
         pg_mask = mask & ~invalid_row[:, None]
     mu = None if rollout_logprobs is None else sg(clean(rollout_logprobs, pg_mask))
 
-    per_token, loss_metrics = loss_fn(lp, old, adv, pg_mask, config, mu)
+    extra = {}
+    if config.policy_loss_type in COVARIANCE_LOSSES:
+        if weights.selected is None:
+            raise ValueError(f"policy_loss_type={config.policy_loss_type!r} needs weights.selected: compute the "
+                             "weights with compute_loss_weights(..., old_logprobs=, advantages=, rng=).")
+        _check_shape("weights.selected", weights.selected, shape)
+        extra["selected"] = jnp.where(pg_mask, weights.selected, 0.0)
+    per_token, loss_metrics = loss_fn(lp, old, adv, pg_mask, config, mu, **extra)
     per_token = jnp.where(pg_mask, per_token, 0.0)
     metrics: Dict[str, jax.Array] = {}
     for name, values in loss_metrics.items():
@@ -633,9 +829,7 @@ def micro_batch_loss(logprobs, old_logprobs, advantages, loss_mask, weights: Los
                                                           is_truncated)
         per_token = jnp.where(kept, per_token * factor, 0.0)
         metrics.update(opc_metrics)
-    elif mu is not None:
-        rho = jnp.exp(jnp.clip(old - mu, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        metrics.update(_ratio_metrics(rho, pg_mask, mask, weights))
+    elif mu is not None:  # the invalid-row guard is always on when μ is given (module docstring)
         metrics["invalid_rollout_seq_ratio"] = jnp.sum(weights.sequence * invalid_row.astype(jnp.float32))
 
     policy_loss = jnp.sum(weights.policy * per_token)
@@ -644,7 +838,7 @@ def micro_batch_loss(logprobs, old_logprobs, advantages, loss_mask, weights: Los
     metrics["approx_kl"] = jnp.sum(weights.token * kl_penalty(sg(lp), old, mask, "k3"))
 
     if needs_reference_model(config) and ref_logprobs is None:
-        raise ValueError("kl_loss_coef != 0 needs ref_logprobs (or set kl_loss_coef=0).")
+        raise ValueError("use_kl_loss with kl_loss_coef != 0 needs ref_logprobs (or set kl_loss_coef=0).")
     if ref_logprobs is not None:
         kl = kl_penalty(lp, sg(clean(ref_logprobs)), mask, config.kl_estimator_type)
         kl_loss = jnp.sum(weights.sequence_token * kl)
@@ -717,14 +911,18 @@ __all__ = [
     "combine_metrics",
     "compute_loss_weights",
     "cispo_loss",
+    "clip_cov_loss",
+    "covariance_selection",
     "dual_clip_loss",
     "entropy_from_logits",
     "gspo_loss",
+    "kl_cov_loss",
     "kl_penalty",
     "micro_batch_loss",
     "minibatch_loss",
     "needs_reference_model",
     "off_policy_correction",
     "regular_loss",
+    "sapo_loss",
     "split_rows",
 ]

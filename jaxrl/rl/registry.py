@@ -23,6 +23,10 @@ from __future__ import annotations
 from typing import Callable, Dict, List
 
 ADVANTAGE_ESTIMATORS: Dict[str, Callable] = {}
+# Estimator kinds (names in ADVANTAGE_ESTIMATORS): token-level ones take per-token rewards and
+# return (advantages, returns); those in NEEDS_VALUES also need a value model's predictions.
+TOKEN_LEVEL_ESTIMATORS: set = set()
+NEEDS_VALUES: set = set()
 POLICY_LOSSES: Dict[str, Callable] = {}
 LOSS_REDUCTIONS: Dict[str, Callable] = {}
 
@@ -61,14 +65,35 @@ def _lookup(table: Dict[str, Callable], kind: str, name: str) -> Callable:
     return table[name]
 
 
-def register_advantage_estimator(name: str, *, override: bool = False):
-    """Decorator registering `fn(rewards, group_ids, baseline_mask, config) -> advantages`.
+def register_advantage_estimator(name: str, *, override: bool = False, token_level: bool = False,
+                                 needs_values: bool = False):
+    """Decorator registering an advantage estimator.
 
-    rewards: float32 [N] (one scalar per trajectory); group_ids: int [N]; baseline_mask: bool [N]
-    (never None when called through `compute_advantages`); config: `AdvantageConfig`. Returns
-    float32 [N]. The function must be jittable for a static N.
+    Outcome estimators (the default): `fn(rewards, group_ids, baseline_mask, config) -> advantages`.
+    rewards: float32 [N] (one scalar per trajectory: the sum of its token rewards); group_ids:
+    int [N]; baseline_mask: bool [N] (never None when called through `compute_advantages`);
+    config: `AdvantageConfig`. Returns float32 [N]; `compute_advantages_and_returns` places it on
+    the loss tokens and pairs it with the discounted reward-to-go as the returns.
+
+    Token-level estimators (`token_level=True`): `fn(token_rewards, response_mask, loss_mask,
+    group_ids, baseline_mask, values, config) -> (advantages, returns)`, every per-token array
+    float32 / bool [N, T] target-aligned, already sanitised (0 where masked, rows with
+    baseline_mask False removed from both masks); `values` is None unless `needs_values=True`
+    (the estimator needs a value model: the trainer then creates a critic). Returns two float32
+    [N, T] arrays, 0 outside the response.
+
+    Either kind must be jittable for static shapes.
     """
-    return _register(ADVANTAGE_ESTIMATORS, "advantage estimator", name, override)
+    if needs_values and not token_level:
+        raise ValueError(f"advantage estimator {name!r}: needs_values=True requires token_level=True.")
+
+    def decorator(fn: Callable) -> Callable:
+        fn = _register(ADVANTAGE_ESTIMATORS, "advantage estimator", name, override)(fn)
+        (TOKEN_LEVEL_ESTIMATORS.add if token_level else TOKEN_LEVEL_ESTIMATORS.discard)(name)
+        (NEEDS_VALUES.add if needs_values else NEEDS_VALUES.discard)(name)
+        return fn
+
+    return decorator
 
 
 def register_policy_loss(name: str, *, override: bool = False):
@@ -99,6 +124,18 @@ def register_loss_reduction(name: str, *, override: bool = False):
 def get_advantage_estimator(name: str) -> Callable:
     """The advantage estimator registered as `name`; ValueError listing valid names if unknown."""
     return _lookup(ADVANTAGE_ESTIMATORS, "advantage estimator", name)
+
+
+def is_token_level_estimator(name: str) -> bool:
+    """True when the registered estimator `name` takes per-token rewards (ValueError if unknown)."""
+    _lookup(ADVANTAGE_ESTIMATORS, "advantage estimator", name)
+    return name in TOKEN_LEVEL_ESTIMATORS
+
+
+def estimator_needs_values(name: str) -> bool:
+    """True when the registered estimator `name` needs a value model (a critic); ValueError if unknown."""
+    _lookup(ADVANTAGE_ESTIMATORS, "advantage estimator", name)
+    return name in NEEDS_VALUES
 
 
 def get_policy_loss(name: str) -> Callable:

@@ -70,8 +70,8 @@ def mesh_hint(data: int, fsdp: int, tensor: int, num_devices: int) -> str:
                 options.append(f"mesh.{name}={good[0]}" if len(good) == 1 else
                                f"mesh.{name} to one of {', '.join(map(str, good))}")
         fixed_txt = " x ".join(f"{n}={v}" for n, v in fixed.items())
-        text = (f"mesh.{auto[0]}=-1 takes the devices the fixed axes leave, and the fixed axes ({fixed_txt} = "
-                f"{prod} devices) do not divide {num_devices}: run on a multiple of {prod} devices ({counts})")
+        text = (f"mesh.{auto[0]}=-1 takes the devices the other axes leave, but they use {fixed_txt} = {prod} "
+                f"devices, which does not divide {num_devices}: run on a multiple of {prod} devices ({counts})")
         if options:
             text += f", or for {num_devices} devices set " + " or ".join(options)
         return text

@@ -150,14 +150,56 @@ def base_config() -> ml_collections.ConfigDict:
     # pi_old and the rollout policy mu are different distributions and every ratio is off);
     # True accepts a deliberate mismatch.
     c.trainer.algorithm.allow_temperature_mismatch = False
+    c.trainer.algorithm.gamma = 1.0  # discount of the returns (reinforce_pp, gae)
+    c.trainer.algorithm.lambd = 1.0  # GAE lambda
+    c.trainer.algorithm.value_clip = 0.2  # critic loss clip; 0 = unclipped
+    c.trainer.algorithm.use_kl_loss = True  # the KL term is on iff use_kl_loss and kl_loss_coef != 0
     c.trainer.algorithm.kl_loss_coef = 0.0  # 0 = no reference model is loaded
+    c.trainer.algorithm.use_kl_in_reward = False  # KL in the token rewards instead (needs use_kl_loss=False)
     c.trainer.algorithm.kl_estimator_type = "k3"
+    c.trainer.algorithm.kl_ctrl = ml_collections.ConfigDict()
+    c.trainer.algorithm.kl_ctrl.type = "fixed"  # fixed | adaptive (use_kl_in_reward)
+    c.trainer.algorithm.kl_ctrl.kl_target = 0.1
+    c.trainer.algorithm.kl_ctrl.horizon = 10000
     c.trainer.algorithm.entropy_loss_coef = 0.0
+    c.trainer.algorithm.cispo = ml_collections.ConfigDict()
+    c.trainer.algorithm.cispo.cispo_eps_clip_low = 1.0
+    c.trainer.algorithm.cispo.cispo_eps_clip_high = 4.0
+    c.trainer.algorithm.cispo.cispo_anchor = "old"  # old | rollout
+    c.trainer.algorithm.sapo = ml_collections.ConfigDict()
+    c.trainer.algorithm.sapo.tau_pos = 1.0
+    c.trainer.algorithm.sapo.tau_neg = 1.05
+    c.trainer.algorithm.clip_cov = ml_collections.ConfigDict()
+    c.trainer.algorithm.clip_cov.clip_ratio = 2e-4
+    c.trainer.algorithm.clip_cov.clip_cov_lb = 1.0
+    c.trainer.algorithm.clip_cov.clip_cov_ub = 5.0
+    c.trainer.algorithm.kl_cov = ml_collections.ConfigDict()
+    c.trainer.algorithm.kl_cov.kl_cov_frac = 0.2
+    c.trainer.algorithm.kl_cov.ppo_kl_coef = 1.0
     c.trainer.algorithm.off_policy_correction = ml_collections.ConfigDict()
     c.trainer.algorithm.off_policy_correction.tis_ratio_type = ""  # "" | token | sequence
     c.trainer.algorithm.off_policy_correction.token_tis_ratio_clip_high = 2.0
     c.trainer.algorithm.off_policy_correction.sequence_tis_ratio_clip_high = 5.0
     c.trainer.algorithm.off_policy_correction.only_untruncated = False
+    # thresholds on rho = pi_old / mu; 0 = off
+    c.trainer.algorithm.off_policy_correction.outlier_token_is_threshold_low = 0.0
+    c.trainer.algorithm.off_policy_correction.outlier_token_is_threshold_high = 0.0
+    c.trainer.algorithm.off_policy_correction.token_mask_is_threshold_low = 0.0
+    c.trainer.algorithm.off_policy_correction.token_mask_is_threshold_high = 0.0
+    c.trainer.algorithm.off_policy_correction.sequence_mask_metric = ""  # "" | geometric | product
+    c.trainer.algorithm.off_policy_correction.geo_mask_low = 0.99
+    c.trainer.algorithm.off_policy_correction.geo_mask_high = 1.01
+    c.trainer.algorithm.off_policy_correction.product_mask_low = 0.5
+    c.trainer.algorithm.off_policy_correction.product_mask_high = 2.0
+
+    # The value model, created only when the advantage estimator needs one (gae).
+    c.trainer.critic = ml_collections.ConfigDict()
+    c.trainer.critic.model = ml_collections.ConfigDict()
+    c.trainer.critic.model.path = ""  # HF Qwen3 checkpoint of the critic's trunk; "" = the policy's
+    c.trainer.critic.optimizer = ml_collections.ConfigDict()
+    c.trainer.critic.optimizer.lr = 5e-6
+    c.trainer.critic.optimizer.weight_decay = 0.0
+    c.trainer.critic.optimizer.max_grad_norm = 1.0
 
     c.trainer.collapse = ml_collections.ConfigDict()
     c.trainer.collapse.enabled = True
@@ -242,10 +284,16 @@ KEY_DOCS: dict[str, str] = {
     "trainer.optimizer.scheduler": "learning-rate schedule after the warm-up: constant | cosine",
     "trainer.optimizer.num_warmup_steps": "optimizer steps of linear learning-rate warm-up",
     "trainer.optimizer.offload": "optimizer state in pinned host memory: none | moments | moments_and_master",
-    "trainer.algorithm.advantage_estimator": "group advantage estimator: rloo_n | rloo | grpo | reinforce_pp",
+    # trainer.algorithm: every key, its source and formula are in docs/recipes.md ("trainer.algorithm keys")
+    "trainer.algorithm.advantage_estimator": "advantage estimator: rloo_n | rloo | grpo | maxrl | reinforce_pp "
+                                             "(= reinforce++) | gae (creates a critic)",
     "trainer.algorithm.group_advantage_min_size": "rloo_n: a group with fewer eligible members gets advantage 0",
     "trainer.algorithm.grpo_norm_by_std": "grpo: divide the centred rewards by the group std (False = Dr. GRPO)",
-    "trainer.algorithm.policy_loss_type": "policy loss: regular (PPO clip) | dual_clip | gspo | cispo",
+    "trainer.algorithm.gamma": "discount of the returns in [0, 1] (reinforce_pp, gae, reported returns)",
+    "trainer.algorithm.lambd": "GAE lambda in [0, 1] (1 = Monte-Carlo return - V, 0 = one-step TD)",
+    "trainer.algorithm.value_clip": "gae critic loss: V is clipped to V_old +- value_clip; 0 = unclipped",
+    "trainer.algorithm.policy_loss_type": "policy loss: regular (PPO clip) | dual_clip | gspo | cispo | sapo | "
+                                          "clip_cov | kl_cov",
     "trainer.algorithm.loss_reduction": "token terms to one scalar: token_mean | sequence_mean | "
                                         "seq_mean_token_sum_norm",
     "trainer.algorithm.eps_clip_low": "PPO clip: the ratio is clipped below at 1 - eps_clip_low",
@@ -255,15 +303,52 @@ KEY_DOCS: dict[str, str] = {
                                      "0 = unset",
     "trainer.algorithm.temperature": "temperature of the trainer's logprobs (logits / T)",
     "trainer.algorithm.allow_temperature_mismatch": "accept a trainer temperature that differs from the rollouts'",
-    "trainer.algorithm.kl_loss_coef": "coefficient of the KL penalty to the starting policy; 0 = no reference model",
+    "trainer.algorithm.use_kl_loss": "add kl_loss_coef x KL(policy || reference) to the loss (needs kl_loss_coef > 0)",
+    "trainer.algorithm.kl_loss_coef": "KL coefficient (in the loss, or the initial beta of use_kl_in_reward); "
+                                      "0 = no reference model",
+    "trainer.algorithm.use_kl_in_reward": "subtract beta x KL(pi_old || reference) from the token rewards instead "
+                                          "(set use_kl_loss=False)",
     "trainer.algorithm.kl_estimator_type": "KL estimator: k1 | k2 | k3 | abs",
+    "trainer.algorithm.kl_ctrl.type": "KL-in-reward coefficient beta: fixed (= kl_loss_coef) | adaptive (towards "
+                                      "kl_target)",
+    "trainer.algorithm.kl_ctrl.kl_target": "adaptive KL controller: the target per-token KL",
+    "trainer.algorithm.kl_ctrl.horizon": "adaptive KL controller: trajectories over which beta adapts (larger = "
+                                         "slower)",
     "trainer.algorithm.entropy_loss_coef": "coefficient of the entropy bonus; 0 = off",
+    "trainer.algorithm.cispo.cispo_eps_clip_low": "cispo: the IS weight is clamped below at 1 - cispo_eps_clip_low",
+    "trainer.algorithm.cispo.cispo_eps_clip_high": "cispo: the IS weight is clamped above at 1 + cispo_eps_clip_high",
+    "trainer.algorithm.cispo.cispo_anchor": "cispo: ratio anchor old (pi/pi_old) | rollout (pi/mu; no TIS then)",
+    "trainer.algorithm.sapo.tau_pos": "sapo: gate temperature for positive advantages",
+    "trainer.algorithm.sapo.tau_neg": "sapo: gate temperature for zero or negative advantages",
+    "trainer.algorithm.clip_cov.clip_ratio": "clip_cov: fraction of loss tokens whose gradient is cut",
+    "trainer.algorithm.clip_cov.clip_cov_lb": "clip_cov: lower bound of the covariance of a cut token",
+    "trainer.algorithm.clip_cov.clip_cov_ub": "clip_cov: upper bound of the covariance of a cut token",
+    "trainer.algorithm.kl_cov.kl_cov_frac": "kl_cov: fraction of loss tokens (largest covariance) with the KL penalty",
+    "trainer.algorithm.kl_cov.ppo_kl_coef": "kl_cov: coefficient of |log pi - log pi_old| on those tokens",
     "trainer.algorithm.off_policy_correction.tis_ratio_type": "truncated importance sampling of pi_old / mu: '' "
                                                               "(off) | token | sequence",
     "trainer.algorithm.off_policy_correction.token_tis_ratio_clip_high": "cap of the token-level TIS ratio",
     "trainer.algorithm.off_policy_correction.sequence_tis_ratio_clip_high": "cap of the sequence-level TIS ratio",
     "trainer.algorithm.off_policy_correction.only_untruncated": "apply TIS and its masks only to trajectories "
                                                                 "not cut by a length limit",
+    "trainer.algorithm.off_policy_correction.outlier_token_is_threshold_low": "drop a trajectory with any token "
+                                                                              "rho = pi_old/mu below this; 0 = off",
+    "trainer.algorithm.off_policy_correction.outlier_token_is_threshold_high": "drop a trajectory with any token "
+                                                                               "rho above this; 0 = off",
+    "trainer.algorithm.off_policy_correction.token_mask_is_threshold_low": "drop tokens with rho below this (set "
+                                                                           "with _high); 0 = off",
+    "trainer.algorithm.off_policy_correction.token_mask_is_threshold_high": "drop tokens with rho above this (set "
+                                                                            "with _low); 0 = off",
+    "trainer.algorithm.off_policy_correction.sequence_mask_metric": "drop trajectories by their rho: '' (off) | "
+                                                                    "geometric (mean) | product",
+    "trainer.algorithm.off_policy_correction.geo_mask_low": "geometric mask: keep a trajectory with mean rho >= this",
+    "trainer.algorithm.off_policy_correction.geo_mask_high": "geometric mask: keep a trajectory with mean rho <= this",
+    "trainer.algorithm.off_policy_correction.product_mask_low": "product mask: keep a trajectory with prod rho >= this",
+    "trainer.algorithm.off_policy_correction.product_mask_high": "product mask: keep a trajectory with prod rho <= this",
+    "trainer.critic.model.path": "HF Qwen3 checkpoint of the critic's trunk (gae only); '' = the policy's",
+    "trainer.critic.optimizer.lr": "critic AdamW learning rate (betas, eps, schedule, offload: trainer.optimizer)",
+    "trainer.critic.optimizer.weight_decay": "critic AdamW decoupled weight decay",
+    "trainer.critic.optimizer.max_grad_norm": "critic global gradient-norm clip",
     "trainer.collapse.enabled": "detect a reward collapse: the EMA below its best by drop for patience steps",
     "trainer.collapse.drop": "collapse: drop of the reward EMA below its best (absolute reward)",
     "trainer.collapse.patience": "collapse: consecutive steps below best - drop",
@@ -492,6 +577,11 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
     _require(opc.token_tis_ratio_clip_high > 0 and opc.sequence_tis_ratio_clip_high > 0,
              "trainer.algorithm.off_policy_correction.token_tis_ratio_clip_high", "TIS caps must be > 0",
              "use e.g. 2.0 (token) and 5.0 (sequence)")
+    _validate_algorithm(c)
+    if c.trainer.critic.model.path and check_inputs and needs_critic(c):
+        _require(os.path.isfile(os.path.join(c.trainer.critic.model.path, "config.json")), "trainer.critic.model.path",
+                 f"{c.trainer.critic.model.path!r} is not an HF checkpoint directory (no config.json)",
+                 "point it at a Qwen3 checkpoint written by save_pretrained, or use '' for the policy's")
     # Batch sizes (SkyRL semantics: train/mini in prompts, micro in sequences).
     for key in ("train_batch_size", "mini_batch_size", "micro_batch_size", "update_epochs_per_batch", "num_steps"):
         _require(int(t[key]) >= 1, f"trainer.{key}", f"{t[key]} must be >= 1", "use a positive integer")
@@ -608,6 +698,148 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
             shape = " x ".join(f"{n}={v}" for n, v in zip(("data", "fsdp", "tensor"), axes))
             raise ConfigError("mesh", f"mesh {shape} does not fit the {num_devices} available devices",
                               mesh_hint(*axes, num_devices))
+
+
+# trainer.algorithm.* key (relative) -> (LossConfig field, conversion): every LossConfig field is
+# reachable from a run config through this table (tests/test_config.py checks it covers them all).
+_OFF = lambda v: v or None  # noqa: E731  "" / 0 = off -> None
+LOSS_CONFIG_KEYS: dict[str, tuple[str, Any]] = {
+    "policy_loss_type": ("policy_loss_type", str),
+    "loss_reduction": ("loss_reduction", str),
+    "max_seq_len": ("max_seq_len", lambda v: int(v) or None),
+    "eps_clip_low": ("eps_clip_low", float),
+    "eps_clip_high": ("eps_clip_high", float),
+    "clip_ratio_c": ("clip_ratio_c", float),
+    "cispo.cispo_eps_clip_low": ("cispo_eps_clip_low", float),
+    "cispo.cispo_eps_clip_high": ("cispo_eps_clip_high", float),
+    "cispo.cispo_anchor": ("cispo_anchor", str),
+    "sapo.tau_pos": ("sapo_tau_pos", float),
+    "sapo.tau_neg": ("sapo_tau_neg", float),
+    "clip_cov.clip_ratio": ("clip_cov_ratio", float),
+    "clip_cov.clip_cov_lb": ("clip_cov_lb", float),
+    "clip_cov.clip_cov_ub": ("clip_cov_ub", float),
+    "kl_cov.kl_cov_frac": ("kl_cov_frac", float),
+    "kl_cov.ppo_kl_coef": ("ppo_kl_coef", float),
+    "use_kl_loss": ("use_kl_loss", bool),
+    "kl_loss_coef": ("kl_loss_coef", float),
+    "kl_estimator_type": ("kl_estimator_type", str),
+    "entropy_loss_coef": ("entropy_loss_coef", float),
+    "off_policy_correction.tis_ratio_type": ("tis_ratio_type", _OFF),
+    "off_policy_correction.token_tis_ratio_clip_high": ("token_tis_ratio_clip_high", float),
+    "off_policy_correction.sequence_tis_ratio_clip_high": ("sequence_tis_ratio_clip_high", float),
+    "off_policy_correction.only_untruncated": ("only_untruncated", bool),
+    "off_policy_correction.outlier_token_is_threshold_low": ("outlier_token_is_threshold_low", _OFF),
+    "off_policy_correction.outlier_token_is_threshold_high": ("outlier_token_is_threshold_high", _OFF),
+    "off_policy_correction.token_mask_is_threshold_low": ("token_mask_is_threshold_low", _OFF),
+    "off_policy_correction.token_mask_is_threshold_high": ("token_mask_is_threshold_high", _OFF),
+    "off_policy_correction.sequence_mask_metric": ("sequence_mask_metric", _OFF),
+    "off_policy_correction.geo_mask_low": ("geo_mask_low", float),
+    "off_policy_correction.geo_mask_high": ("geo_mask_high", float),
+    "off_policy_correction.product_mask_low": ("product_mask_low", float),
+    "off_policy_correction.product_mask_high": ("product_mask_high", float),
+}
+# trainer.algorithm.* key -> AdvantageConfig field (every field; same check).
+ADVANTAGE_CONFIG_KEYS: dict[str, tuple[str, Any]] = {
+    "advantage_estimator": ("advantage_estimator", str),
+    "grpo_norm_by_std": ("grpo_norm_by_std", bool),
+    "group_advantage_min_size": ("group_advantage_min_size", int),
+    "gamma": ("gamma", float),
+    "lambd": ("lambd", float),
+}
+
+
+def _algorithm_value(c: ml_collections.ConfigDict, key: str):
+    node = c.trainer.algorithm
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def loss_config(c: ml_collections.ConfigDict):
+    """The `jaxrl.rl.LossConfig` of a run config (`trainer.algorithm.*`, `LOSS_CONFIG_KEYS`).
+
+    With `use_kl_in_reward` the KL enters the rewards, not the loss (kl_loss_coef is then the
+    controller's initial beta), so the loss's KL term is off.
+    Raises: ConfigError naming the key when LossConfig rejects a value.
+    """
+    from jaxrl.rl.losses import LossConfig
+
+    kwargs = {field: conv(_algorithm_value(c, key)) for key, (field, conv) in LOSS_CONFIG_KEYS.items()}
+    if c.trainer.algorithm.use_kl_in_reward:
+        kwargs["use_kl_loss"] = False
+    return _build(LossConfig, kwargs, LOSS_CONFIG_KEYS)
+
+
+def advantage_config(c: ml_collections.ConfigDict):
+    """The `jaxrl.rl.AdvantageConfig` of a run config (`ADVANTAGE_CONFIG_KEYS`).
+    Raises: ConfigError naming the key when AdvantageConfig rejects a value."""
+    from jaxrl.rl.advantages import AdvantageConfig
+
+    kwargs = {field: conv(_algorithm_value(c, key)) for key, (field, conv) in ADVANTAGE_CONFIG_KEYS.items()}
+    return _build(AdvantageConfig, kwargs, ADVANTAGE_CONFIG_KEYS)
+
+
+def _build(cls, kwargs, table):
+    try:
+        return cls(**kwargs)
+    except ValueError as e:  # the dataclass names its field first; report the config key
+        text = str(e)
+        hits = sorted(((text.find(field), key) for key, (field, _) in table.items() if field in text))
+        key = "trainer.algorithm." + (hits[0][1] if hits else "")
+        raise ConfigError(key.rstrip("."), text.rstrip("."), "see docs/recipes.md, 'trainer.algorithm keys'") from None
+
+
+def needs_critic(c: ml_collections.ConfigDict) -> bool:
+    """True when the run's advantage estimator needs a value model (the trainer then creates a critic)."""
+    from jaxrl.rl import registry
+
+    return registry.estimator_needs_values(c.trainer.algorithm.advantage_estimator)
+
+
+def needs_reference(c: ml_collections.ConfigDict) -> bool:
+    """True when the run needs reference-policy logprobs: a KL loss term or a KL-in-reward penalty."""
+    from jaxrl.rl.losses import needs_reference_model
+
+    return bool(c.trainer.algorithm.use_kl_in_reward) or needs_reference_model(loss_config(c))
+
+
+def _validate_algorithm(c: ml_collections.ConfigDict) -> None:
+    """The keys added for issue 15 (one-line ConfigError each), then LossConfig / AdvantageConfig as
+    a final check of every trainer.algorithm value (their errors are mapped to the key)."""
+    a, pre = c.trainer.algorithm, "trainer.algorithm."
+    opc = a.off_policy_correction
+    for key in ("gamma", "lambd"):
+        _require(0.0 <= a[key] <= 1.0, pre + key, f"{a[key]} is outside [0, 1]", "use e.g. 1.0 (SkyRL's default)")
+    _require(a.value_clip >= 0, pre + "value_clip", f"{a.value_clip} must be >= 0", "use 0.2, or 0 for an unclipped "
+             "value loss")
+    _require(a.kl_ctrl.type in ("fixed", "adaptive"), pre + "kl_ctrl.type", f"unknown controller {a.kl_ctrl.type!r}",
+             "use 'fixed' or 'adaptive'")
+    _require(a.kl_ctrl.kl_target > 0, pre + "kl_ctrl.kl_target", f"{a.kl_ctrl.kl_target} must be > 0", "use e.g. 0.1")
+    _require(a.kl_ctrl.horizon > 0, pre + "kl_ctrl.horizon", f"{a.kl_ctrl.horizon} must be > 0", "use e.g. 10000")
+    if a.use_kl_in_reward:
+        _require(not a.use_kl_loss, pre + "use_kl_in_reward", "the KL penalty is either in the reward or in the loss "
+                 "(use_kl_loss=True, the default)", "also pass --config.trainer.algorithm.use_kl_loss=False")
+        _require(a.kl_loss_coef > 0, pre + "kl_loss_coef", "use_kl_in_reward takes its initial beta from kl_loss_coef, "
+                 "which is 0", "set it to the penalty coefficient, e.g. 0.05")
+    _require(a.cispo.cispo_anchor in ("old", "rollout"), pre + "cispo.cispo_anchor",
+             f"unknown anchor {a.cispo.cispo_anchor!r}", "use 'old' (pi/pi_old) or 'rollout' (pi/mu)")
+    _require(opc.sequence_mask_metric in ("", "geometric", "product"),
+             pre + "off_policy_correction.sequence_mask_metric", f"unknown metric {opc.sequence_mask_metric!r}",
+             "use '' (off), 'geometric' or 'product'")
+    for key in ("outlier_token_is_threshold_low", "outlier_token_is_threshold_high", "token_mask_is_threshold_low",
+                "token_mask_is_threshold_high"):
+        _require(opc[key] >= 0, pre + "off_policy_correction." + key, f"{opc[key]} must be >= 0",
+                 "use a bound on pi_old/mu (e.g. 1e-4 low, 100 high), or 0 to turn it off")
+    _require((opc.token_mask_is_threshold_low > 0) == (opc.token_mask_is_threshold_high > 0),
+             pre + "off_policy_correction.token_mask_is_threshold_low", "the token mask needs both bounds",
+             "set token_mask_is_threshold_low and token_mask_is_threshold_high together (or both to 0)")
+    crit = c.trainer.critic
+    _require(crit.optimizer.lr > 0 and math.isfinite(crit.optimizer.lr), "trainer.critic.optimizer.lr",
+             f"{crit.optimizer.lr} must be a positive number", "use e.g. 5e-6 (SkyRL's default)")
+    _require(crit.optimizer.max_grad_norm > 0, "trainer.critic.optimizer.max_grad_norm", "must be > 0", "use e.g. 1.0")
+    _require(crit.optimizer.weight_decay >= 0, "trainer.critic.optimizer.weight_decay", "must be >= 0", "use 0")
+    loss_config(c)
+    advantage_config(c)
 
 
 def logprob_diff_warn_threshold(c: ml_collections.ConfigDict) -> float:

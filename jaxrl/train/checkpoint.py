@@ -34,21 +34,24 @@ class CheckpointStore:
       workdir: the run directory.
       max_to_keep: the most recent steps `prune` keeps (protected steps are kept in addition).
       async_save: write in a background thread (call `wait()` before reading the files).
+      extra_items: names of further pytrees saved with every step (e.g. "critic": the value
+        model's params and optimizer state); `save(..., extras=)` must then give each of them.
     """
 
-    def __init__(self, workdir: str, max_to_keep: int = 2, async_save: bool = True):
+    def __init__(self, workdir: str, max_to_keep: int = 2, async_save: bool = True, extra_items=()):
         if max_to_keep < 1:
             raise ValueError(f"CheckpointStore: max_to_keep must be >= 1, got {max_to_keep}")
         self.workdir = os.path.abspath(workdir)
         self.directory = os.path.join(self.workdir, "checkpoints")
         self.max_to_keep = int(max_to_keep)
         self._async = async_save
+        self.extra_items = tuple(extra_items)
         self.manager = self._open()
 
     def _open(self) -> ocp.CheckpointManager:
         options = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=self._async, create=True)
         return ocp.CheckpointManager(self.directory, options=options,
-                                     item_names=("params", "opt_state", "trainer_state"))
+                                     item_names=("params", "opt_state", "trainer_state") + self.extra_items)
 
     def latest_step(self) -> Optional[int]:
         """The newest committed step, or None when there is none."""
@@ -58,20 +61,29 @@ class CheckpointStore:
         """Committed steps, ascending."""
         return sorted(self.manager.all_steps())
 
-    def save(self, step: int, params: Any, opt_state: Any, trainer_state: dict[str, Any]) -> None:
+    def save(self, step: int, params: Any, opt_state: Any, trainer_state: dict[str, Any],
+             extras: Optional[dict[str, Any]] = None) -> None:
         """Starts saving one step (returns before the write finishes when async).
 
         Args:
           step: RL step number (the directory name).
           params, opt_state: pytrees of jax arrays (sharded arrays are written shard by shard).
           trainer_state: JSON-serializable dict.
+          extras: {name: pytree} for every name of `extra_items` (committed with the step).
+        Raises:
+          ValueError: extras do not match `extra_items`.
         """
+        extras = extras or {}
+        if set(extras) != set(self.extra_items):
+            raise ValueError(f"CheckpointStore.save: extras {sorted(extras)} do not match extra_items "
+                             f"{sorted(self.extra_items)}")
         self.manager.save(
             step,
             args=ocp.args.Composite(
                 params=ocp.args.StandardSave(params),
                 opt_state=ocp.args.StandardSave(opt_state),
                 trainer_state=ocp.args.JsonSave(trainer_state),
+                **{name: ocp.args.StandardSave(tree) for name, tree in extras.items()},
             ),
         )
 
@@ -124,6 +136,18 @@ class CheckpointStore:
         if not isinstance(ts, dict):
             raise ValueError(f"checkpoint {step}: trainer_state is a JSON {type(ts).__name__}, not an object")
         return out["params"], out["opt_state"], dict(ts)
+
+    def restore_extra(self, step: int, name: str, abstract: Any) -> Any:
+        """The extra item `name` of `step`, restored into the shapes/shardings of `abstract`.
+
+        Raises:
+          FileNotFoundError: no committed checkpoint for `step`; other errors for a damaged one.
+        """
+        if step not in self.manager.all_steps():
+            raise FileNotFoundError(f"no committed checkpoint for step {step} in {self.directory}")
+        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+                              abstract)
+        return self.manager.restore(step, args=ocp.args.Composite(**{name: ocp.args.StandardRestore(target)}))[name]
 
     def restore_trainer_state(self, step: int) -> dict[str, Any]:
         """Only the JSON trainer state of `step` (cheap: no arrays are read).

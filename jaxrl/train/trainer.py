@@ -42,7 +42,9 @@ from jaxrl.rollout import weight_sync
 from jaxrl.rollout.client import SidecarClient, SidecarError
 from jaxrl.rollout.process import SidecarProcess
 from jaxrl.rollout.types import SamplingParams
+from jaxrl.train import advantage_stage
 from jaxrl.train import step as step_lib
+from jaxrl.train.critic_learner import CriticLearner
 from jaxrl.train.checkpoint import (CheckpointStore, collect_unraisable, is_damage_error, replay_unraisable,
                                    silence_unraisable_about)
 from jaxrl.train.metrics import RewardEMA, RunLogger, plot_rewards, write_report
@@ -222,17 +224,24 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 
 def loss_config(c) -> losses.LossConfig:
-    """The policy objective of a run config (`trainer.algorithm.*`, SkyRL names)."""
-    a = c.trainer.algorithm
-    opc = a.off_policy_correction
-    return losses.LossConfig(
-        policy_loss_type=a.policy_loss_type, loss_reduction=a.loss_reduction,
-        max_seq_len=int(a.max_seq_len) or None, eps_clip_low=a.eps_clip_low, eps_clip_high=a.eps_clip_high,
-        clip_ratio_c=a.clip_ratio_c, kl_loss_coef=a.kl_loss_coef, kl_estimator_type=a.kl_estimator_type,
-        entropy_loss_coef=a.entropy_loss_coef, tis_ratio_type=opc.tis_ratio_type or None,
-        token_tis_ratio_clip_high=opc.token_tis_ratio_clip_high,
-        sequence_tis_ratio_clip_high=opc.sequence_tis_ratio_clip_high,
-        off_policy_untruncated_only=opc.only_untruncated)
+    """The policy objective of a run config (`trainer.algorithm.*`, SkyRL names; `config.loss_config`)."""
+    return config_lib.loss_config(c)
+
+
+# Packed-batch keys that stay on the host (inputs of the advantage stage), and the device arrays
+# only the critic's update reads.
+_HOST_ONLY = ("token_rewards", "response_mask", "group_ids")
+_CRITIC_ONLY = ("old_values", "returns")
+_CRITIC_BATCH = ("tokens", "positions", "segment_ids", "loss_mask", "old_values", "returns")
+
+
+def _to_host(x) -> np.ndarray:
+    """A global array in full on every process (process_allgather across hosts)."""
+    if jax.process_count() == 1:
+        return np.asarray(jax.device_get(x))
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,17 +267,20 @@ def is_excluded(t: Trajectory) -> bool:
     return t.stop_reason in EXCLUDED_STOP_REASONS
 
 
-def pack_trajectories(trajs: list[Trajectory], advantages: np.ndarray, buckets) -> dict[str, np.ndarray]:
+def pack_trajectories(trajs: list[Trajectory], advantages: Optional[np.ndarray], buckets) -> dict[str, np.ndarray]:
     """Right-padded rows `[N, T]` (T bucketed) with target-aligned `[N, T-1]` arrays (DESIGN.md §3).
 
     Row i holds prompt_ids + response_ids; response token j sits at position P + j and is
     predicted at target index P + j - 1, which is where its loss_mask, rollout logprob and the
-    trajectory's advantage go.
+    trajectory's advantage go (`advantages [N]`, or None for zeros, filled in later). The
+    advantage estimators' inputs: `token_rewards` (the trajectory's reward on its last generated
+    token), `response_mask` (1 on every response token, generated or observation) and
+    `group_ids [N]`.
 
     An excluded trajectory (`is_excluded`) keeps only its prompt: its response (possibly holding
     out-of-vocabulary ids or non-finite logprobs) never reaches the model, its loss mask, rollout
-    logprobs and advantages are 0, and `sequence_mask [N]` (bool) is False for it so it does not
-    count as a sequence in the loss reduction.
+    logprobs, rewards and advantages are 0, and `sequence_mask [N]` (bool) is False for it so it
+    does not count as a sequence in the loss reduction nor in any advantage statistic.
     """
     n = len(trajs)
     excluded = [is_excluded(t) for t in trajs]
@@ -278,7 +290,9 @@ def pack_trajectories(trajs: list[Trajectory], advantages: np.ndarray, buckets) 
     seg = np.zeros((n, T), np.int32)
     pos = np.zeros((n, T), np.int32)
     loss_mask = np.zeros((n, T - 1), np.int32)
+    response_mask = np.zeros((n, T - 1), np.int32)
     rollout_lp = np.zeros((n, T - 1), np.float32)
+    token_rewards = np.zeros((n, T - 1), np.float32)
     adv = np.zeros((n, T - 1), np.float32)
     for i, (t, L) in enumerate(zip(trajs, lengths)):
         P = len(t.prompt_ids)
@@ -290,23 +304,28 @@ def pack_trajectories(trajs: list[Trajectory], advantages: np.ndarray, buckets) 
         tokens[i, :L] = np.concatenate([t.prompt_ids, t.response_ids])
         R = len(t.response_ids)
         loss_mask[i, P - 1:P - 1 + R] = t.loss_mask
+        response_mask[i, P - 1:P - 1 + R] = 1
         rollout_lp[i, P - 1:P - 1 + R] = np.where(t.loss_mask > 0, t.rollout_logprobs, 0.0)
-        adv[i, P - 1:P - 1 + R] = np.where(t.loss_mask > 0, advantages[i], 0.0)
+        if advantages is not None:
+            adv[i, P - 1:P - 1 + R] = np.where(t.loss_mask > 0, advantages[i], 0.0)
+        generated = np.flatnonzero(t.loss_mask)  # an included trajectory has >= 1 generated token
+        token_rewards[i, P - 1 + (generated[-1] if generated.size else R - 1)] = t.reward
     is_truncated = np.array([t.stop_reason != "stop" for t in trajs])
     return dict(tokens=tokens, positions=pos, segment_ids=seg, loss_mask=loss_mask,
                 rollout_logprobs=rollout_lp, advantages=adv, is_truncated=is_truncated,
-                sequence_mask=~np.array(excluded, bool))
+                sequence_mask=~np.array(excluded, bool), token_rewards=token_rewards, response_mask=response_mask,
+                group_ids=np.array([t.group_id for t in trajs], np.int32))
 
 
 def training_batch(trajs: list[Trajectory], adv_cfg: adv_lib.AdvantageConfig, buckets):
-    """Rewards `[N]` float32, per-trajectory advantages `[N]` float32 and the packed batch of
-    one step's trajectories. Excluded trajectories (`is_excluded`) are left out of the advantage
-    baselines (`baseline_mask`) and of the loss (`pack_trajectories`)."""
+    """Rewards `[N]` float32, per-trajectory advantages `[N]` float32 (the mean over each one's
+    loss tokens) and the packed batch of one step's trajectories, for an estimator that needs no
+    critic (`advantage_stage.step_advantages`). Excluded trajectories (`is_excluded`) are left out
+    of the advantage baselines and of the loss (`pack_trajectories`)."""
     rewards = np.array([t.reward for t in trajs], np.float32)
-    group_ids = np.array([t.group_id for t in trajs], np.int32)
-    baseline_mask = np.array([not is_excluded(t) for t in trajs])
-    advantages = np.asarray(adv_lib.compute_advantages(rewards, group_ids, baseline_mask, adv_cfg))
-    return rewards, advantages, pack_trajectories(trajs, advantages, buckets)
+    batch = pack_trajectories(trajs, None, buckets)
+    batch["advantages"], _, per_traj, _ = advantage_stage.step_advantages(batch, adv_cfg)
+    return rewards, per_traj, batch
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,6 +387,7 @@ class TrainerState:
     data_position: int = 0  # prompts consumed (= step * train_batch_size)
     best_ckpt_step: int = -1  # the saved step with the highest reward EMA (what best/ exports)
     best_ckpt_ema: float = -math.inf
+    kl_coef: Optional[float] = None  # use_kl_in_reward: the KL controller's beta (None = kl_loss_coef)
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> "TrainerState":
@@ -431,9 +451,7 @@ class Trainer:
         # Objective.
         a = c.trainer.algorithm
         self.loss_cfg = loss_config(c)
-        self.adv_cfg = adv_lib.AdvantageConfig(advantage_estimator=a.advantage_estimator,
-                                               grpo_norm_by_std=a.grpo_norm_by_std,
-                                               group_advantage_min_size=a.group_advantage_min_size)
+        self.adv_cfg = config_lib.advantage_config(c)
         n = c.generator.n_samples_per_prompt
         self.mini_rows = c.trainer.mini_batch_size * n
         self.num_minibatches = c.trainer.train_batch_size // c.trainer.mini_batch_size
@@ -447,12 +465,17 @@ class Trainer:
         self.state_param_sharding = parallel.with_memory_kind(self.param_sharding,
                                                               "pinned_host" if master_on_host else None)
         self.total_opt_steps = c.trainer.num_steps * self.num_minibatches * c.trainer.update_epochs_per_batch
+        # The value model, only for an estimator that needs one (gae); its state lives in it.
+        self.critic = (CriticLearner(c, self.mesh, self.model_dir, self.total_opt_steps)
+                       if config_lib.needs_critic(c) else None)
+        self.needs_reference = config_lib.needs_reference(c)
 
         # Everything above only validates; from here on the run directory is written.
         os.makedirs(self.workdir, exist_ok=True)
         self._check_resume_config()
         _sync("config")
-        self.ckpt = CheckpointStore(self.workdir, max_to_keep=c.trainer.max_ckpts_to_keep)
+        self.ckpt = CheckpointStore(self.workdir, max_to_keep=c.trainer.max_ckpts_to_keep,
+                                    extra_items=("critic",) if self.critic is not None else ())
         self.sync_dir = os.path.join(self.workdir, "sync")
         self.state = TrainerState()
         self.ema = RewardEMA(span=c.trainer.ema_span)
@@ -523,8 +546,10 @@ class Trainer:
 
         self._logprobs = jax.jit(batch_logprobs)
         # Jitted so that it is one SPMD program over the global mini-batch in multi-process runs.
-        self._loss_weights = jax.jit(lambda loss_mask, sequence_mask: losses.compute_loss_weights(
-            loss_mask, self.loss_cfg, sequence_mask=sequence_mask))
+        self._loss_weights = jax.jit(lambda loss_mask, sequence_mask, old_logprobs, advantages, rng:
+                                     losses.compute_loss_weights(loss_mask, self.loss_cfg, sequence_mask=sequence_mask,
+                                                                 old_logprobs=old_logprobs, advantages=advantages,
+                                                                 rng=rng))
         self._logprob_diff = jax.jit(_logprob_diff)
 
     # -- sidecars -----------------------------------------------------------------------------
@@ -670,49 +695,89 @@ class Trainer:
         trajs = self._generate(tasks, sampling, n=n)
         _maybe_kill("generate", step)
         self.timings["generate"] = time.perf_counter() - t0
-        rewards, advantages, batch = training_batch(trajs, self.adv_cfg, c.trainer.seq_len_buckets)
-        return trajs, rewards, advantages, batch
+        rewards = np.array([t.reward for t in trajs], np.float32)
+        return trajs, rewards, pack_trajectories(trajs, None, c.trainer.seq_len_buckets)
 
     def _rl_step(self, step: int, params, opt_state):
         c, n = self.c, self.c.generator.n_samples_per_prompt
         t_step = time.perf_counter()
         trajs = None
         if self.is_main:
-            trajs, rewards, advantages, batch = self._rollout_batch(step)
-            host = dict(batch, rewards=rewards, advantages_seq=advantages)
+            trajs, rewards, batch = self._rollout_batch(step)
+            host = dict(batch, rewards=rewards)
         else:
             host = None
         host = _broadcast_from_main(host)
-        rewards, advantages = host.pop("rewards"), host.pop("advantages_seq")
+        rewards = host.pop("rewards")
         batch = host
 
         # Mini-batches are cut on the host; each becomes global arrays, and its old (and reference)
-        # logprobs are computed before any update, with the same partition as training.
+        # logprobs (and the critic's values) are computed before any update, with the same
+        # partition as training. Advantages and returns follow, over the whole step.
         t0 = time.perf_counter()
+        a = c.trainer.algorithm
         with jax.set_mesh(self.mesh):
             minis, diffs = [], []
             for mb in range(self.num_minibatches):
                 sl = slice(mb * self.mini_rows, (mb + 1) * self.mini_rows)
-                dev = {k: _global_array(v[sl], self.mesh) for k, v in batch.items()}
+                dev = {k: _global_array(v[sl], self.mesh) for k, v in batch.items() if k not in _HOST_ONLY}
                 sequence_mask = dev.pop("sequence_mask")
                 dev["old_logprobs"] = self._logprobs(params, dev["tokens"], dev["positions"], dev["segment_ids"])
-                if losses.needs_reference_model(self.loss_cfg):
+                if self.needs_reference:
                     dev["ref_logprobs"] = self._logprobs(self.ref_params, dev["tokens"], dev["positions"],
                                                          dev["segment_ids"])
                 diffs.append(self._logprob_diff(dev["old_logprobs"], dev["rollout_logprobs"], dev["loss_mask"]))
-                minis.append((dev, self._loss_weights(dev["loss_mask"], sequence_mask)))
+                minis.append((dev, sequence_mask))
             jax.block_until_ready(minis)
             self.timings["fwd_logprobs"] = time.perf_counter() - t0
+            if self.critic is not None:
+                t0 = time.perf_counter()
+                for dev, _ in minis:
+                    dev["old_values"] = self.critic.values(dev["tokens"], dev["positions"], dev["segment_ids"])
+                jax.block_until_ready(minis)
+                self.timings["fwd_values"] = time.perf_counter() - t0
             diffs = jax.device_get(diffs)
+
+            t0 = time.perf_counter()
+            gather = lambda key: np.concatenate([_to_host(dev[key]) for dev, _ in minis])  # noqa: E731
+            kl_coef = None
+            if a.use_kl_in_reward:
+                kl_coef = a.kl_loss_coef if self.state.kl_coef is None else self.state.kl_coef
+            advantages, returns, per_traj, stage_metrics = advantage_stage.step_advantages(
+                batch, self.adv_cfg, values=gather("old_values") if self.critic is not None else None,
+                old_logprobs=gather("old_logprobs") if kl_coef is not None else None,
+                ref_logprobs=gather("ref_logprobs") if kl_coef is not None else None,
+                kl_coef=kl_coef, kl_estimator=a.kl_estimator_type)
+            if kl_coef is not None:
+                self.state.kl_coef = advantage_stage.next_kl_coef(c, kl_coef, stage_metrics,
+                                                                  int(batch["sequence_mask"].sum()))
+            for mb, (dev, sequence_mask) in enumerate(minis):
+                sl = slice(mb * self.mini_rows, (mb + 1) * self.mini_rows)
+                dev["advantages"] = _global_array(advantages[sl], self.mesh)
+                if self.critic is not None:
+                    dev["returns"] = _global_array(returns[sl], self.mesh)
+                rng = jax.random.key(_derive_seed(c.seed, step, 5, mb))  # clip_cov's draw
+                minis[mb] = (dev, self._loss_weights(dev["loss_mask"], sequence_mask, dev["old_logprobs"],
+                                                     dev["advantages"], rng))
+            self.timings["advantages"] = time.perf_counter() - t0
 
             t0 = time.perf_counter()
             step_metrics: list[dict] = []
             for _ in range(c.trainer.update_epochs_per_batch):
                 for dev, weights in minis:
-                    params, opt_state, met = self._train_step(params, opt_state, dev, weights)
+                    policy_batch = {k: v for k, v in dev.items() if k not in _CRITIC_ONLY}
+                    params, opt_state, met = self._train_step(params, opt_state, policy_batch, weights)
                     step_metrics.append(met)
             step_metrics = jax.device_get(step_metrics)
-        self.timings["policy_train"] = time.perf_counter() - t0
+            self.timings["policy_train"] = time.perf_counter() - t0
+            critic_metrics: list[dict] = []
+            if self.critic is not None:
+                t0 = time.perf_counter()
+                for _ in range(c.trainer.update_epochs_per_batch):
+                    for dev, weights in minis:
+                        critic_metrics.append(self.critic.update({k: dev[k] for k in _CRITIC_BATCH}, weights))
+                critic_metrics = jax.device_get(critic_metrics)
+                self.timings["critic_train"] = time.perf_counter() - t0
         skipped = int(sum(m["update_skipped"] for m in step_metrics))
         self.state.skipped_updates += skipped
 
@@ -758,8 +823,13 @@ class Trainer:
                 more = f"; ... {len(excluded) - 4} more in trial_stats.csv" if len(excluded) > 4 else ""
                 print(f"jaxrl: step {step}: {len(excluded)} of {len(trajs)} trajectories excluded from the loss "
                       f"({shown}{more})", file=sys.stderr)
-        m["loss/avg_raw_advantages"] = float(advantages.mean())
-        m["loss/avg_raw_advantages_abs"] = float(np.abs(advantages).mean())
+        m.update(stage_metrics)  # loss/avg_raw_advantages(_abs), loss/avg_raw_returns, KL in reward, critic fit
+        if critic_metrics:
+            names = {"critic_loss": "critic/critic_loss", "values_mean": "critic/values_mean",
+                     "values_clipfrac": "critic/values_clipfrac", "grad_norm": "critic/grad_norm",
+                     "lr": "critic/critic_lr", "update_skipped": "critic/update_skipped"}
+            for key in critic_metrics[0]:
+                m[names[key]] = float(np.mean([float(x[key]) for x in critic_metrics]))
         ntok = batch["loss_mask"].sum(axis=1)
         m["generate/avg_num_tokens"] = float(ntok.mean())
         m["generate/max_num_tokens"] = float(ntok.max())
@@ -776,7 +846,7 @@ class Trainer:
                    "task_id": t.info.get("task_id", ""), "excluded": int(is_excluded(t)),
                    "error": _excluded_detail(t) if is_excluded(t) else "",
                    "prompt": self._decode(t.prompt_ids), "response": self._decode(t.response_ids)}
-                  for t, a in zip(trajs or [], advantages)]
+                  for t, a in zip(trajs or [], per_traj)]
         return params, opt_state, m, trials, is_best
 
     def _decode(self, ids) -> str:
@@ -801,18 +871,23 @@ class Trainer:
         self.state.ema = self.ema.state_dict()
         if self.ema.value is not None and self.ema.value > self.state.best_ckpt_ema:
             self.state.best_ckpt_step, self.state.best_ckpt_ema = step, float(self.ema.value)
-        self.ckpt.save(step, params, opt_state, dataclasses.asdict(self.state))
+        self.ckpt.save(step, params, opt_state, dataclasses.asdict(self.state),
+                       extras={"critic": self.critic.state()} if self.critic is not None else None)
         _maybe_kill("save", step)  # the async write is in flight here
         self.ckpt.wait()
         self.ckpt.prune(protect=[self.state.best_ckpt_step])
         self.timings["save_checkpoints"] = time.perf_counter() - t0
 
-    def _restore(self, step: int):
+    def _restore(self, step: int, with_critic: bool = True):
+        """(params, opt_state, trainer-state dict) of committed step `step`; the critic's state
+        (when there is a critic and `with_critic`) goes into `self.critic`."""
         abstract_p = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                                   qwen3.abstract_params(self.model_cfg), self.state_param_sharding)
         abstract_o = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                                   jax.eval_shape(self.tx.init, qwen3.abstract_params(self.model_cfg)), self.opt_sharding)
         params, opt_state, ts = self.ckpt.restore(step, abstract_p, abstract_o)
+        if self.critic is not None and with_critic:
+            self.critic.set_state(self.ckpt.restore_extra(step, "critic", self.critic.abstract_state()))
         return params, opt_state, ts
 
     def _initial_params(self):
@@ -902,7 +977,7 @@ class Trainer:
         with jax.set_mesh(self.mesh):
             _, init_params = hf_io.load_hf_checkpoint(self.model_dir, self.model_cfg,
                                                       shardings=self.state_param_sharding)
-            if losses.needs_reference_model(self.loss_cfg):
+            if self.needs_reference:
                 # The starting policy in buffers of its own (loaded again, placed like the policy):
                 # the train step donates the policy's buffers, so sharing them would delete it.
                 self.ref_params = hf_io.load_hf_checkpoint(self.model_dir, self.model_cfg,
@@ -911,6 +986,8 @@ class Trainer:
             if resumed is None:
                 params, opt_state = init_params, self._opt_init(init_params)
                 start = 0
+                if self.critic is not None:
+                    self.critic.init()
             else:
                 start, params, opt_state, self.state = resumed
                 self.ema = RewardEMA.from_state_dict(self.state.ema)
@@ -940,7 +1017,9 @@ class Trainer:
                 if c.trainer.eval_interval and step % c.trainer.eval_interval == 0 or step == c.trainer.num_steps:
                     m.update(self.evaluate())
                     m["timing/eval"] = self.timings.get("eval", 0.0)
-                for k in ("generate", "fwd_logprobs", "policy_train", "sync_weights", "step"):
+                phases = ("generate", "fwd_logprobs", "advantages", "policy_train", "sync_weights", "step")
+                phases += ("fwd_values", "critic_train") if self.critic is not None else ()
+                for k in phases:
                     m[f"timing/{k}"] = self.timings.get(k, 0.0)
                 # Logs first, then the checkpoint: a run killed in between resumes from the previous
                 # checkpoint and drops these rows, so logs never miss a step that a checkpoint covers.
@@ -990,6 +1069,8 @@ class Trainer:
             params = self._initial_params()
             with jax.set_mesh(self.mesh):
                 opt_state = self._opt_init(params)
+            if self.critic is not None:
+                self.critic.init()
         self.ema.steps_below = 0
         self._publish(params, self.state.policy_version + 1)  # the next rollouts use the restored weights
         return params, opt_state
@@ -1000,7 +1081,7 @@ class Trainer:
         summary: dict[str, Any] = {"last_step": last_step, "best_step": best, "best_ema": self.state.best_ckpt_ema,
                                    "initial_eval": self.state.initial_eval, "wall_s": wall_s}
         if best >= 1:
-            params, _, _ = self._restore(best)
+            params, _, _ = self._restore(best, with_critic=False)
             if best == last_step and getattr(self, "_eval_version", None) == self.state.policy_version:
                 ev = self._eval_result  # the served weights are the best step's and were just evaluated
             else:

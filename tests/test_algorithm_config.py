@@ -1,0 +1,178 @@
+"""Every option of the RL objective is a run-config key (`trainer.algorithm.*`), validated with a
+one-line error naming the key, listed by `python -m jaxrl.config show` and documented in
+docs/recipes.md with its source."""
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from jaxrl import config as config_lib
+from jaxrl.config import ConfigError
+from jaxrl.rl import AdvantageConfig, LossConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A valid non-default value of every trainer.algorithm key that feeds LossConfig / AdvantageConfig,
+# and the field value it must produce.
+CHANGES = {
+    "policy_loss_type": ("sapo", "sapo"),
+    "loss_reduction": ("sequence_mean", "sequence_mean"),
+    "max_seq_len": (64, 64),
+    "eps_clip_low": (0.3, 0.3),
+    "eps_clip_high": (0.28, 0.28),
+    "clip_ratio_c": (10.0, 10.0),
+    "cispo.cispo_eps_clip_low": (0.5, 0.5),
+    "cispo.cispo_eps_clip_high": (2.0, 2.0),
+    "cispo.cispo_anchor": ("rollout", "rollout"),
+    "sapo.tau_pos": (2.0, 2.0),
+    "sapo.tau_neg": (3.0, 3.0),
+    "clip_cov.clip_ratio": (0.01, 0.01),
+    "clip_cov.clip_cov_lb": (-1.0, -1.0),
+    "clip_cov.clip_cov_ub": (9.0, 9.0),
+    "kl_cov.kl_cov_frac": (0.5, 0.5),
+    "kl_cov.ppo_kl_coef": (0.1, 0.1),
+    "use_kl_loss": (False, False),
+    "kl_loss_coef": (0.01, 0.01),
+    "kl_estimator_type": ("k2", "k2"),
+    "entropy_loss_coef": (0.01, 0.01),
+    "off_policy_correction.tis_ratio_type": ("sequence", "sequence"),
+    "off_policy_correction.token_tis_ratio_clip_high": (3.0, 3.0),
+    "off_policy_correction.sequence_tis_ratio_clip_high": (7.0, 7.0),
+    "off_policy_correction.only_untruncated": (True, True),
+    "off_policy_correction.outlier_token_is_threshold_low": (1e-4, 1e-4),
+    "off_policy_correction.outlier_token_is_threshold_high": (100.0, 100.0),
+    "off_policy_correction.token_mask_is_threshold_low": (0.5, 0.5),
+    "off_policy_correction.token_mask_is_threshold_high": (2.0, 2.0),
+    "off_policy_correction.sequence_mask_metric": ("product", "product"),
+    "off_policy_correction.geo_mask_low": (0.9, 0.9),
+    "off_policy_correction.geo_mask_high": (1.1, 1.1),
+    "off_policy_correction.product_mask_low": (0.25, 0.25),
+    "off_policy_correction.product_mask_high": (4.0, 4.0),
+    "advantage_estimator": ("maxrl", "maxrl"),
+    "grpo_norm_by_std": (False, False),
+    "group_advantage_min_size": (3, 3),
+    "gamma": (0.9, 0.9),
+    "lambd": (0.8, 0.8),
+}
+PAIRED = {"off_policy_correction.token_mask_is_threshold_low": "off_policy_correction.token_mask_is_threshold_high",
+          "off_policy_correction.token_mask_is_threshold_high": "off_policy_correction.token_mask_is_threshold_low",
+          "cispo.cispo_anchor": None, "max_seq_len": None}
+
+
+def _set(c, key, value):
+    node = c.trainer.algorithm
+    *parents, leaf = key.split(".")
+    for p in parents:
+        node = node[p]
+    node[leaf] = value
+
+
+def test_every_loss_and_advantage_field_is_a_config_key():
+    loss_fields = {f.name for f in dataclasses.fields(LossConfig)}
+    adv_fields = {f.name for f in dataclasses.fields(AdvantageConfig)}
+    assert {f for f, _ in config_lib.LOSS_CONFIG_KEYS.values()} == loss_fields
+    assert {f for f, _ in config_lib.ADVANTAGE_CONFIG_KEYS.values()} == adv_fields
+    keys = set(config_lib.flatten(config_lib.base_config()))
+    for key in list(config_lib.LOSS_CONFIG_KEYS) + list(config_lib.ADVANTAGE_CONFIG_KEYS):
+        assert f"trainer.algorithm.{key}" in keys, key
+    assert set(CHANGES) == set(config_lib.LOSS_CONFIG_KEYS) | set(config_lib.ADVANTAGE_CONFIG_KEYS)
+
+
+@pytest.mark.parametrize("key", sorted(CHANGES))
+def test_each_key_reaches_its_field(key):
+    c = config_lib.base_config()
+    value, expected = CHANGES[key]
+    _set(c, key, value)
+    if PAIRED.get(key):
+        _set(c, PAIRED[key], CHANGES[PAIRED[key]][0])
+    config_lib.validate(c)
+    table = config_lib.LOSS_CONFIG_KEYS if key in config_lib.LOSS_CONFIG_KEYS else config_lib.ADVANTAGE_CONFIG_KEYS
+    built = (config_lib.loss_config if table is config_lib.LOSS_CONFIG_KEYS else config_lib.advantage_config)(c)
+    field = table[key][0]
+    assert getattr(built, field) == expected
+    default = getattr((LossConfig if table is config_lib.LOSS_CONFIG_KEYS else AdvantageConfig)(), field)
+    assert getattr(built, field) != default or key == "use_kl_loss", key  # the change is not the default
+
+
+BAD = [  # (key, value, words the one-line message must contain)
+    ("gamma", 1.5, "outside [0, 1]"),
+    ("lambd", -0.1, "outside [0, 1]"),
+    ("value_clip", -1.0, "must be >= 0"),
+    ("kl_ctrl.type", "pid", "unknown controller"),
+    ("kl_ctrl.kl_target", 0.0, "must be > 0"),
+    ("kl_ctrl.horizon", 0, "must be > 0"),
+    ("cispo.cispo_anchor", "mu", "unknown anchor"),
+    ("cispo.cispo_eps_clip_low", 2.0, "cispo_eps_clip_low"),
+    ("sapo.tau_pos", 0.0, "sapo_tau_pos"),
+    ("clip_cov.clip_ratio", 0.0, "clip_cov_ratio"),
+    ("clip_cov.clip_cov_lb", 9.0, "clip_cov_lb"),
+    ("kl_cov.kl_cov_frac", 1.5, "kl_cov_frac"),
+    ("kl_cov.ppo_kl_coef", -1.0, "ppo_kl_coef"),
+    ("off_policy_correction.sequence_mask_metric", "harmonic", "unknown metric"),
+    ("off_policy_correction.outlier_token_is_threshold_high", -1.0, "must be >= 0"),
+    ("off_policy_correction.token_mask_is_threshold_low", 0.5, "needs both bounds"),
+    ("off_policy_correction.geo_mask_low", 2.0, "geo_mask_low"),
+    ("advantage_estimator", "ppo", "unknown name"),
+    ("policy_loss_type", "cov", "unknown name"),
+]
+
+
+@pytest.mark.parametrize("key,value,words", BAD, ids=[b[0] for b in BAD])
+def test_bad_values_name_the_key_in_one_line(key, value, words):
+    c = config_lib.base_config()
+    _set(c, key, value)
+    with pytest.raises(ConfigError) as e:
+        config_lib.validate(c)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"config key `trainer.algorithm.{key}`"), msg
+    assert words in msg and "Fix:" in msg, msg
+
+
+def test_kl_in_reward_and_critic_keys():
+    c = config_lib.base_config()
+    c.trainer.algorithm.use_kl_in_reward = True
+    c.trainer.algorithm.kl_loss_coef = 0.05
+    with pytest.raises(ConfigError, match=r"use_kl_in_reward`.*use_kl_loss=False"):
+        config_lib.validate(c)
+    c.trainer.algorithm.use_kl_loss = False
+    config_lib.validate(c)
+    assert config_lib.needs_reference(c) and not config_lib.loss_config(c).use_kl_loss
+    c.trainer.algorithm.kl_loss_coef = 0.0
+    with pytest.raises(ConfigError, match=r"kl_loss_coef`.*initial beta"):
+        config_lib.validate(c)
+    c = config_lib.base_config()
+    assert not config_lib.needs_critic(c) and not config_lib.needs_reference(c)
+    c.trainer.algorithm.advantage_estimator = "gae"
+    assert config_lib.needs_critic(c)
+    c.trainer.critic.model.path = "/nonexistent/critic"
+    with pytest.raises(ConfigError, match=r"trainer.critic.model.path.*no config.json"):
+        config_lib.validate(c)
+    c.trainer.critic.model.path = ""
+    c.trainer.critic.optimizer.lr = 0.0
+    with pytest.raises(ConfigError, match="trainer.critic.optimizer.lr"):
+        config_lib.validate(c)
+
+
+def _algorithm_keys():
+    return sorted(k for k in config_lib.flatten(config_lib.base_config())
+                  if k.startswith(("trainer.algorithm.", "trainer.critic.")))
+
+
+def test_every_algorithm_key_is_listed_and_documented_with_its_source():
+    out = subprocess.run([sys.executable, "-m", "jaxrl.config", "show", "configs/rloo.py", "trainer"], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = open(os.path.join(ROOT, "docs", "recipes.md"), encoding="utf-8").read()
+    section = doc[doc.index("## trainer.algorithm keys"):]
+    section = section[:section.find("\n## ", 3)] if "\n## " in section[3:] else section
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `([a-z_.]+)` \|.*$", section, re.M)}
+    for key in _algorithm_keys():
+        assert key in out.stdout, f"{key} is not listed by `python -m jaxrl.config show`"
+        short = key.removeprefix("trainer.algorithm.")
+        assert short in rows or key in rows, f"{key} has no row in docs/recipes.md 'trainer.algorithm keys'"
+        row = rows.get(short) or rows[key]
+        assert row.count("|") >= 5, f"the row of {key} lacks a column (key | default | meaning | source)"
+        assert row.rstrip(" |").rsplit("|", 1)[-1].strip(), f"the row of {key} names no source"

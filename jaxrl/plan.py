@@ -94,11 +94,13 @@ def plan(c, num_devices: int, seq_len: int, attention: str = "xla") -> dict:
                  loss_mask=i32((rows, T - 1)), advantages=f32((rows, T - 1)), old_logprobs=f32((rows, T - 1)),
                  rollout_logprobs=f32((rows, T - 1)),
                  is_truncated=jax.ShapeDtypeStruct((rows,), jnp.bool_, sharding=row_sh))
-    if losses.needs_reference_model(loss_cfg):
+    if config_lib.needs_reference(c):  # what the trainer's mini-batches carry (a KL loss or KL in reward)
         batch["ref_logprobs"] = f32((rows, T - 1))
     weights = losses.LossWeights(policy=f32((rows, T - 1)), token=f32((rows, T - 1)),
                                  sequence_token=f32((rows, T - 1)),
-                                 sequence=jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=row_sh))
+                                 sequence=jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=row_sh),
+                                 selected=f32((rows, T - 1)) if loss_cfg.policy_loss_type in losses.COVARIANCE_LOSSES
+                                 else None)
     fn = jax.jit(lambda p, o, b, w: step_lib.train_step(p, o, b, w, model_cfg=model_cfg, step_cfg=step_cfg, tx=tx,
                                                         schedule=sched),
                  out_shardings=(psh, osh, None), donate_argnums=(0, 1))

@@ -36,8 +36,8 @@ def step_advantages(batch: dict, adv_cfg: adv_lib.AdvantageConfig, *, values: Op
         (all three, or none).
       kl_estimator: `trainer.algorithm.kl_estimator_type`.
     Returns: (advantages [N, T-1] float32, returns [N, T-1] float32, per_trajectory [N] float32
-      (the mean advantage over each trajectory's loss tokens, 0 without any), metrics dict of floats:
-      loss/avg_raw_advantages(_abs) (over trajectories of per_trajectory), loss/avg_raw_returns
+      (the mean advantage over each trajectory's loss tokens, 0 without any; step_stats reports
+      its mean as loss/avg_raw_advantages), metrics dict of floats: loss/avg_raw_returns
       (over trajectories of the mean return on their loss tokens), with the KL penalty
       loss/avg_kl, loss/avg_kl_max, loss/kl_loss_coef, and with a critic critic/explained_variance
       and critic/values_mean_old (token mean of V_old).
@@ -60,8 +60,6 @@ def step_advantages(batch: dict, adv_cfg: adv_lib.AdvantageConfig, *, values: Op
     adv, ret = np.asarray(adv, np.float32), np.asarray(ret, np.float32)
     count = np.maximum(loss_mask.sum(1), 1)
     per_traj = (adv * loss_mask).sum(1) / count
-    metrics["loss/avg_raw_advantages"] = float(per_traj.mean())
-    metrics["loss/avg_raw_advantages_abs"] = float(np.abs(per_traj).mean())
     metrics["loss/avg_raw_returns"] = float(((ret * loss_mask).sum(1) / count).mean())
     if values is not None:
         m = loss_mask & keep[:, None]

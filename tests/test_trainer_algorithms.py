@@ -134,3 +134,54 @@ def test_critic_learner_init_update_and_checkpoint(critic_learner, tmp_path):
     with pytest.raises(ValueError, match="extra_items"):
         store.save(2, {"w": np.zeros(2, np.float32)}, {"m": np.zeros(2, np.float32)}, {"step": 2})
     store.close()
+
+
+def test_learner_update_with_critic_kl_in_reward_and_a_covariance_loss():
+    """One RL step of the learner (no sidecars): GAE from the critic's values, the KL penalty in
+    the rewards, clip_cov's mini-batch selection; 2 mini-batches x 2 micro-batches. The stage's
+    advantages equal a float64 recomputation from what the learner saw, both models move, and the
+    metrics of the enabled options are there."""
+    from jaxrl.train.learner import Learner
+
+    c = config_lib.base_config()
+    a = c.trainer.algorithm
+    a.advantage_estimator, a.policy_loss_type = "gae", "clip_cov"
+    a.clip_cov.clip_ratio, a.clip_cov.clip_cov_lb = 0.05, -10.0
+    a.use_kl_loss, a.use_kl_in_reward, a.kl_loss_coef = False, True, 0.1
+    c.trainer.train_batch_size, c.trainer.mini_batch_size, c.generator.n_samples_per_prompt = 4, 2, 2
+    c.trainer.micro_batch_size = 2
+    c.trainer.critic.optimizer.lr = 1e-3
+    config_lib.validate(c)
+    mesh = parallel.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    model_cfg = qwen3.Qwen3Config.from_pretrained(DEFAULT_POLICY_DIR)
+    sh = parallel.param_shardings(qwen3.param_logical_axes(model_cfg), mesh, shapes=qwen3.abstract_params(model_cfg))
+    learner = Learner(c, model_cfg, mesh, sh, sh, config_lib.loss_config(c))
+    learner.build(1.0)
+    learner.critic.init()
+    with jax.set_mesh(mesh):
+        _, params = hf_io.load_hf_checkpoint(DEFAULT_POLICY_DIR, model_cfg, shardings=sh)
+        _, ref = hf_io.load_hf_checkpoint(DEFAULT_POLICY_DIR, model_cfg, shardings=sh)
+        opt = learner.init_opt(params)
+    rng = np.random.default_rng(0)
+    trajs = [_traj(list(rng.integers(5, 200, 6)), list(rng.integers(5, 200, int(rng.integers(2, 7)))),
+                   float(i % 3 == 0), i // 2) for i in range(8)]
+    batch = trainer.pack_trajectories(trajs, None, (16,))
+    embed0 = np.asarray(params["embed_tokens"]).copy()
+    head0 = np.asarray(learner.critic.params[critic_model.VALUE_HEAD]["kernel"]).copy()
+    params, opt, step_metrics, diffs, timings, stage = learner.update(params, opt, batch, ref, step=1, kl_coef=0.1)
+    m = stage["metrics"]
+    assert len(step_metrics) == 2 and {"fwd_values", "critic_train", "advantages"} <= set(timings)
+    # π_old = π_ref at the start: the KL penalty is 0 (k3 of equal logprobs), so the rewards are the outcomes
+    assert m["loss/avg_kl"] < 1e-6 and m["loss/kl_loss_coef"] == 0.1
+    # V_old = 0 (zero head): GAE with γ = λ = 1 gives raw A_t = reward-to-go = the outcome on every
+    # response token; advantages are its whitening over the loss tokens (by hand, float64)
+    lm = batch["loss_mask"] > 0
+    outcome = np.array([t.reward for t in trajs])[:, None] * np.ones_like(lm)
+    white = (outcome[lm] - outcome[lm].mean()) / np.sqrt(outcome[lm].var(ddof=1) + 1e-8)
+    np.testing.assert_allclose(stage["per_trajectory"], [white[np.cumsum(lm.sum(1)) - 1][i] for i in range(8)],
+                               rtol=1e-5)
+    np.testing.assert_allclose(m["critic/values_mean_old"], 0.0, atol=1e-7)
+    assert 0 < float(step_metrics[0]["clip_ratio"]) <= 0.2  # clip_cov's selection is active
+    assert {"critic/critic_loss", "critic/values_clipfrac", "critic/grad_norm", "critic/critic_lr"} <= set(m)
+    assert not np.array_equal(np.asarray(params["embed_tokens"]), embed0)
+    assert not np.array_equal(np.asarray(learner.critic.params[critic_model.VALUE_HEAD]["kernel"]), head0)

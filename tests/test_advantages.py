@@ -281,10 +281,11 @@ def test_token_level_nan_safety_and_sharding_invariance():
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     r, v, resp, loss, g, elig = _token_batch(3, n=8)
+    r = np.abs(r)  # maxrl needs rewards >= 0
     elig[:] = True
     elig[5] = False
     clean = {}
-    for name in ("gae", "reinforce_pp", "rloo"):
+    for name in ("gae", "reinforce_pp", "maxrl", "rloo"):
         c = rl.AdvantageConfig(advantage_estimator=name, gamma=0.95, lambd=0.9)
         clean[name] = [np.asarray(x) for x in rl.compute_advantages_and_returns(
             r, resp, g, loss_mask=loss, baseline_mask=elig, values=v, config=c)]

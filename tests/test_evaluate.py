@@ -141,6 +141,11 @@ def test_held_out_sets(tmp_path):
     assert len(src.training_tasks()) == 30
     c.data.num_eval_prompts = 3
     assert [t.task_id for t in PromptSource(c).eval_batch()] == ["h0", "h1", "h2"]
+    assert src.overlap_warning() == ""
+    _tasks_file(held, ["h0", "q1", "q2"])  # two held-out prompts the run also trains on
+    assert PromptSource(c).overlap_warning().startswith(
+        "jaxrl: warning: 2 of the 3 held-out prompts in data.eval_dataset_path")
+    _tasks_file(held, [f"h{i}" for i in range(5)])
     # The default: 5% of the file's prompts (2 of 30, rounded up), never trained on.
     c.data.eval_dataset_path, c.data.num_eval_prompts = "", 200
     src = PromptSource(c)

@@ -13,7 +13,7 @@ import hashlib
 import numpy as np
 
 from jaxrl.envs import get_task_suite, load_tasks
-from jaxrl.envs.splits import heldout_split
+from jaxrl.envs.splits import heldout_split, overlap
 
 
 def derive_seed(*parts: int) -> int:
@@ -87,6 +87,18 @@ class PromptSource:
                 self._orders = {epoch: np.random.default_rng(derive_seed(c.seed, epoch, 2)).permutation(n)}
             out.append(self.train_tasks[self._orders[epoch][within]])
         return out
+
+    def overlap_warning(self) -> str:
+        """A warning line when held-out prompts of `data.eval_dataset_path` also occur in the
+        training file (held-out success then overstates generalisation); "" otherwise."""
+        if not self.c.data.eval_dataset_path or not self.train_tasks:
+            return ""
+        k = overlap(self.heldout_tasks, self.train_tasks)
+        if not k:
+            return ""
+        return (f"jaxrl: warning: {k} of the {len(self.heldout_tasks)} held-out prompts in data.eval_dataset_path "
+                f"({self.c.data.eval_dataset_path}) also occur in data.dataset_path; their held-out success is "
+                "measured on prompts the policy trains on")
 
     def training_tasks(self) -> list:
         """Every task the run trains on: the train split of a built-in task, or the training file

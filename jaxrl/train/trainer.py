@@ -86,6 +86,8 @@ class Trainer:
         self.chat = ChatTemplate.from_pretrained(self.model_dir, enable_thinking=c.generator.enable_thinking)
         self.prompts = PromptSource(c)
         self._check_prompt_lengths(self.prompts.train_tasks, c.data.dataset_path)
+        if self.is_main and self.prompts.overlap_warning():
+            print(self.prompts.overlap_warning(), file=sys.stderr)
         self._check_prompt_lengths(self.prompts.eval_batch() if not self.prompts.eval_suite else [],
                                    c.data.eval_dataset_path or c.data.dataset_path)
 

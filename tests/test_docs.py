@@ -1,5 +1,5 @@
-"""The project's documents cannot rot silently: every code reference in docs/architecture.md names
-something that exists.
+"""The project's documents cannot rot silently: every code reference in docs/architecture.md and
+docs/recipes.md names something that exists.
 
 References are resolved statically (by reading the source with `ast`), so this test imports no
 module of jaxrl except `jaxrl.config` and runs in well under a second.
@@ -16,6 +16,7 @@ from jaxrl import config as config_lib
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 ARCH = DOCS / "architecture.md"
+RECIPES = DOCS / "recipes.md"  # the recipes and every trainer.algorithm.* key
 
 # `jaxrl/train/trainer.py:Trainer._rl_step`, `jaxrl/rl/losses.py:micro_batch_loss`, `configs/rloo.py`
 FILE_REF = re.compile(r"`((?:jaxrl|configs|launch|tests|bench|scripts|notebooks)/[\w./-]+\.(?:py|sh|ipynb))"
@@ -95,7 +96,7 @@ def test_architecture_exists_and_readme_points_to_it():
         assert re.search(rf"^## {n}\. ", ARCH.read_text(), re.M), f"section §{n} is missing"
 
 
-@pytest.mark.parametrize("doc", [ARCH], ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", [ARCH, RECIPES], ids=lambda p: p.name)
 def test_file_and_function_references_exist(doc):
     refs = _refs(doc, FILE_REF)
     assert refs
@@ -109,13 +110,13 @@ def test_file_and_function_references_exist(doc):
     assert not missing, f"{doc.name} names code that does not exist: {missing}"
 
 
-@pytest.mark.parametrize("doc", [ARCH], ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", [ARCH, RECIPES], ids=lambda p: p.name)
 def test_dotted_references_exist(doc):
     missing = [ref for ref in _refs(doc, DOTTED_REF) if not _resolve_dotted(ref)]
     assert not missing, f"{doc.name} names modules or attributes that do not exist: {missing}"
 
 
-@pytest.mark.parametrize("doc", [ARCH], ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", [ARCH, RECIPES], ids=lambda p: p.name)
 def test_config_keys_exist(doc):
     keys = set(config_lib.flatten(config_lib.base_config()))
     prefixes = {k.rsplit(".", i)[0] for k in keys for i in range(1, k.count(".") + 1)}
@@ -124,7 +125,7 @@ def test_config_keys_exist(doc):
     assert not missing, f"{doc.name} names config keys that do not exist: {missing}"
 
 
-@pytest.mark.parametrize("doc", [ARCH], ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", [ARCH, RECIPES], ids=lambda p: p.name)
 def test_links_resolve(doc):
     missing = [link for link in MD_LINK.findall(doc.read_text())
                if not link.startswith("http") and not (doc.parent / link).exists()]

@@ -702,6 +702,7 @@ def test_adaptive_and_fixed_kl_controllers():
 
 @pytest.mark.parametrize("kind", ["k1", "k3"])
 def test_kl_penalized_rewards_against_reference(kind):
+    """KL in the reward against float64 numpy, NaN-safe off the loss mask, sharding-invariant."""
     batch = make_batch(13)
     m = batch["loss_mask"]
     rewards = np.zeros_like(m)
@@ -714,6 +715,14 @@ def test_kl_penalized_rewards_against_reference(kind):
     rows = m.sum(1) > 0
     np.testing.assert_allclose(float(metrics["avg_kl"]), np.mean((kl.sum(1) / np.maximum(m.sum(1), 1))[rows]), rtol=1e-5)
     np.testing.assert_allclose(float(metrics["avg_kl_max"]), np.mean(np.abs(kl).max(1)[rows]), rtol=1e-5)
+    # rows sharded over 4 devices (the NaN off the mask included): the same rewards and metrics to 1e-6
+    mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
+    sh = lambda x: jax.device_put(jnp.asarray(x), NamedSharding(mesh, P("data")))  # noqa: E731
+    s_got, s_metrics = jax.jit(lambda r, o, f, mm, rows: rl.kl_penalized_rewards(r, o, f, mm, 0.3, kind, rows))(
+        sh(rewards), sh(dirty_old), sh(batch["ref_logprobs"]), sh(m), sh(m.sum(1) > 0))
+    np.testing.assert_allclose(np.asarray(s_got), rewards - 0.3 * kl, rtol=1e-6, atol=1e-7)
+    for k in metrics:
+        np.testing.assert_allclose(float(s_metrics[k]), float(metrics[k]), rtol=1e-6, atol=1e-8)
     got, _ = rl.kl_penalized_rewards(rewards, batch["old_logprobs"], batch["ref_logprobs"], m, -1.0, kind)
     np.testing.assert_array_equal(np.asarray(got), rewards)  # a negative β counts as 0 (SkyRL)
 

@@ -8,7 +8,7 @@ value head; docs/recipes.md, "The critic") is trained each step on the clipped v
 (value_clip 0.2) towards the GAE returns; the policy's advantages are GAE's (Schulman et al.
 2016) with gamma = lambda = 1 (SkyRL's defaults; the reward is one outcome on the last token),
 whitened over the batch. Everything else is the default recipe's (configs/rloo.py), so the two
-compare at the same seed and budget (notebooks/critic_vs_critic_free.ipynb).
+compare at the same seed and budget.
 """
 import os
 import sys

@@ -9,6 +9,9 @@ value head; docs/recipes.md, "The critic") is trained each step on the clipped v
 2016) with gamma = lambda = 1 (SkyRL's defaults; the reward is one outcome on the last token),
 whitened over the batch. Everything else is the default recipe's (configs/rloo.py), so the two
 compare at the same seed and budget.
+
+Measured at the CPU scale (seed 0, 2 shared cores, 18.7 min): held-out greedy success 25.5% ->
+51.5% at the best-EMA checkpoint (step 55), 48.0% at step 60 (docs/recipes.md).
 """
 import os
 import sys

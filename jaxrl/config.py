@@ -56,8 +56,17 @@ def base_config() -> ml_collections.ConfigDict:
 
     # ---- tasks / data ---------------------------------------------------------------------
     c.data = ml_collections.ConfigDict()
-    c.data.task = "arithmetic"  # a registered built-in task, or "dataset" (see dataset_path)
-    c.data.dataset_path = ""  # JSONL or Parquet prompts; only with task == "dataset" (an error otherwise)
+    c.data.task = "arithmetic"  # a registered built-in task, "dataset" (see dataset_path) or "harbor"
+    # task == "dataset": a JSONL / Parquet prompt file, or a Harbor task set (below); task == "harbor":
+    # a Harbor task set: a task directory, a folder of tasks, a DCAgent .parquet (columns path,
+    # task_binary) or `family:<name>:<first>-<last>` (a templated family, jaxrl/envs/harbor/families.py).
+    # Only with task "dataset" / "harbor" (an error otherwise).
+    c.data.dataset_path = ""
+    # Harbor task sets: the held-out set; "" = hold out num_eval_prompts tasks of dataset_path.
+    c.data.eval_dataset_path = ""
+    # Harbor task sets: run the verifier sanity gate (oracle must score 1, an empty agent 0) before
+    # training and leave out (and log) the tasks that fail it.
+    c.data.verify_tasks = False
     c.data.eval_task = ""  # "" = the held-out split of `task`
     c.data.num_eval_prompts = 200  # 0 = no held-out evaluation
     c.data.max_prompt_length = 128  # tokens; longer prompts are rejected at load
@@ -81,6 +90,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.generator.colocate_with_trainer = False  # backend=vllm: the vLLM sidecars share the trainer's GPUs
     c.generator.n_samples_per_prompt = 8
     c.generator.max_turns = 1
+    # Longest input (prompt + conversation so far) one turn may be sent with, i.e. the agent's
+    # context (Terminus's max_input_tokens); reaching it ends the episode (`length`). 0 = only the
+    # trajectory budget (trainer.algorithm.max_seq_len / rollout_max_seq_len) applies.
+    c.generator.max_input_tokens = 0
     c.generator.enable_thinking = False
     # A turn cut by max_generate_length is never executed (its tool calls do not run); True runs it.
     c.generator.execute_truncated_turns = False
@@ -92,6 +105,16 @@ def base_config() -> ml_collections.ConfigDict:
     c.generator.eval_sampling_params = ml_collections.ConfigDict()
     c.generator.eval_sampling_params.temperature = 1.0
     c.generator.eval_sampling_params.greedy = True
+
+    # ---- Harbor terminal tasks (the Terminus-style agent loop, jaxrl/envs/harbor/agent.py) ----
+    c.harbor = ml_collections.ConfigDict()
+    c.harbor.prompt_style = "terminus"  # terminus (the seed runs' agent) | compact (the small embedded policy)
+    c.harbor.agent_timeout_sec = 0.0  # the agent's wall-clock budget per trial; 0 = each task's [agent] timeout_sec
+    c.harbor.verifier_timeout_sec = 0.0  # 0 = each task's [verifier] timeout_sec
+    c.harbor.command_timeout_sec = 60.0  # cap on one command's wait (Terminus: 60 s)
+    c.harbor.max_output_bytes = 10000  # terminal output per observation, head and tail kept (Terminus: 10 kB)
+    c.harbor.concurrency = 0  # threads driving the trials of a step; 0 = min(trajectories, 8 x cores, >= 16)
+    c.harbor.keep_trial_logs = False  # keep each trial's logs/ and result.json under workdir/trials/
 
     # ---- trainer --------------------------------------------------------------------------
     c.trainer = ml_collections.ConfigDict()
@@ -179,8 +202,13 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     2-core CPU. The tiny policy needs a larger learning rate than the 8B recipe's 8e-6 to move
     within a few dozen steps, so this scale raises it (the algorithm is otherwise unchanged).
     "qwen3_8b": the cluster recipe: a Qwen3-8B HF checkpoint (model.path required), bf16
-    compute, full remat, cuDNN attention, FSDP over 8 devices per replica, vLLM sidecars,
-    a 32k-token context.
+    compute, full remat, cuDNN attention, FSDP over 8 devices per replica, vLLM sidecars, and
+    the seed runs' terminal-agent settings: `data.dataset_path` takes a Harbor task set (task
+    directory, folder, DCAgent .parquet) as well as a prompt file; the Terminus prompt, agent
+    900 s, verifier 120 s, the verifier sanity gate, sampling temperature 0.7 / top-p 0.95 /
+    top-k 20, a 32k-token context (32,000 input tokens) and 4,096 tokens per turn. With top-p /
+    top-k on at T != 1 no vLLM mode returns "full" logprobs, so `generator.logprobs_mode` is
+    "sampled" (vLLM --logprobs-mode processed_logprobs: the distribution actually sampled).
 
     Raises:
       ConfigError: for an unknown scale name.
@@ -206,8 +234,17 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     c.generator.backend = "vllm"
     c.generator.gpu_memory_utilization = 0.85  # split layout: vLLM on its own nodes (README "GPU memory")
     c.trainer.gpu_memory_fraction = 0.9  # split layout: the trainer alone on its GPUs
-    c.generator.max_turns = 32
+    c.generator.max_turns = 1000  # Terminus has no turn limit: the agent budget and the context end episodes
     c.generator.sampling_params.max_generate_length = 4096
+    c.generator.max_input_tokens = 32000
+    sp = c.generator.sampling_params
+    sp.temperature, sp.top_p, sp.top_k = 0.7, 0.95, 20
+    c.trainer.algorithm.temperature = 0.7  # pi_old at the sampling temperature
+    c.generator.logprobs_mode = "sampled"  # the only definition vLLM returns at these settings
+    c.data.verify_tasks = True
+    c.harbor.prompt_style = "terminus"
+    c.harbor.agent_timeout_sec = 900.0
+    c.harbor.verifier_timeout_sec = 120.0
     c.trainer.algorithm.max_seq_len = 32768
     c.trainer.num_steps = 200
     c.trainer.train_batch_size = 64
@@ -370,9 +407,10 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
 
     for key in ("data.task", "data.eval_task"):
         name = c.data.task if key == "data.task" else c.data.eval_task
-        if name and not (key == "data.task" and name == "dataset"):
+        if name and not (key == "data.task" and name in ("dataset", "harbor")):
             _require(name in TASK_REGISTRY, key, f"unknown task {name!r}",
-                     f"use one of {sorted(TASK_REGISTRY)}" + (" or 'dataset'" if key == "data.task" else ""))
+                     f"use one of {sorted(TASK_REGISTRY)}" + (", 'dataset' or 'harbor'" if key == "data.task" else ""))
+    _validate_harbor(c, check_inputs)
     # Model / data.
     _require(c.model.compute_dtype in ("float32", "bfloat16"), "model.compute_dtype",
              f"unknown dtype {c.model.compute_dtype!r}", "use 'float32' or 'bfloat16'")
@@ -382,10 +420,15 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
     _require(c.model.attention_impl in ("xla", "cudnn", "splash"), "model.attention_impl",
              f"unknown implementation {c.model.attention_impl!r}",
              "use 'xla' (any backend), 'cudnn' (NVIDIA GPU) or 'splash' (TPU)")
-    if c.data.task == "dataset" and check_inputs:
-        _require(bool(c.data.dataset_path) and os.path.exists(c.data.dataset_path), "data.dataset_path",
-                 f"{c.data.dataset_path!r} does not exist", "point it at a .jsonl or .parquet prompt file")
-    _require(c.data.task == "dataset" or not c.data.dataset_path, "data.dataset_path",
+    if c.data.task in ("dataset", "harbor") and check_inputs:
+        from jaxrl.envs.harbor.dataset import spec_exists
+
+        _require(bool(c.data.dataset_path) and spec_exists(c.data.dataset_path), "data.dataset_path",
+                 f"{c.data.dataset_path!r} does not exist",
+                 "point it at a .jsonl or .parquet prompt file" if c.data.task == "dataset" else
+                 "point it at a Harbor task directory, a folder of tasks, a DCAgent .parquet, or use "
+                 "family:<name>:<first>-<last>")
+    _require(c.data.task in ("dataset", "harbor") or not c.data.dataset_path, "data.dataset_path",
              f"{c.data.dataset_path!r} is set but data.task={c.data.task!r} does not read it (it trains on the "
              "built-in task)", "add --config.data.task=dataset to train on the file, or drop data.dataset_path")
     # Mesh.
@@ -404,6 +447,40 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
         _require(num_devices % known == 0 and (-1 in axes or known == num_devices), "mesh",
                  f"data*fsdp*tensor={known} does not match the {num_devices} available devices",
                  f"choose sizes whose product is {num_devices} (or use -1 on one axis)")
+
+
+def _validate_harbor(c: ml_collections.ConfigDict, check_inputs: bool) -> None:
+    """The `harbor.*` keys and the Harbor-only `data.*` keys."""
+    from jaxrl.envs.harbor.agent import PROMPT_STYLES
+
+    h, d = c.harbor, c.data
+    _require(h.prompt_style in PROMPT_STYLES, "harbor.prompt_style", f"unknown style {h.prompt_style!r}",
+             f"use one of {sorted(PROMPT_STYLES)}")
+    for key in ("agent_timeout_sec", "verifier_timeout_sec"):
+        v = h[key]
+        _require(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, f"harbor.{key}", f"{v!r} is not a duration",
+                 "use seconds > 0, or 0 for each task's own value from task.toml")
+    _require(h.command_timeout_sec > 0, "harbor.command_timeout_sec", f"{h.command_timeout_sec!r} must be > 0",
+             "use 60 (Terminus's cap on one command)")
+    _require(int(h.max_output_bytes) >= 64, "harbor.max_output_bytes", f"{h.max_output_bytes!r} is too small",
+             "use 10000 (Terminus)")
+    _require(int(h.concurrency) >= 0, "harbor.concurrency", f"{h.concurrency!r} must be >= 0",
+             "use 0 (one thread per trajectory, up to 8 per core) or a thread count")
+    _require(isinstance(d.verify_tasks, bool), "data.verify_tasks", "must be True or False",
+             "use True to gate Harbor tasks before training")
+    _require(c.generator.max_input_tokens >= 0, "generator.max_input_tokens",
+             f"{c.generator.max_input_tokens} must be >= 0", "use 0 (no limit besides max_seq_len) or e.g. 32000")
+    _require(not d.eval_dataset_path or d.task in ("dataset", "harbor"), "data.eval_dataset_path",
+             f"{d.eval_dataset_path!r} is set but data.task={d.task!r} does not read it",
+             "use it with data.task=harbor (a Harbor held-out task set), or drop it")
+    if d.task == "harbor":
+        _require(not d.eval_task, "data.eval_task", f"{d.eval_task!r}: a built-in task cannot evaluate a Harbor run",
+                 "drop data.eval_task; give held-out Harbor tasks with data.eval_dataset_path")
+    if d.eval_dataset_path and check_inputs:
+        from jaxrl.envs.harbor.dataset import spec_exists
+
+        _require(spec_exists(d.eval_dataset_path), "data.eval_dataset_path", f"{d.eval_dataset_path!r} does not exist",
+                 "point it at a Harbor task directory, folder, DCAgent .parquet or family:<name>:<first>-<last>")
 
 
 def logprob_diff_warn_threshold(c: ml_collections.ConfigDict) -> float:

@@ -42,6 +42,7 @@ from jaxrl.rollout import weight_sync
 from jaxrl.rollout.client import SidecarClient, SidecarError
 from jaxrl.rollout.process import SidecarProcess
 from jaxrl.rollout.types import SamplingParams
+from jaxrl.train import harbor as harbor_run
 from jaxrl.train import step as step_lib
 from jaxrl.train.checkpoint import (CheckpointStore, collect_unraisable, is_damage_error, replay_unraisable,
                                    silence_unraisable_about)
@@ -319,7 +320,12 @@ class PromptSource:
     def __init__(self, c):
         self.c = c
         self._orders: dict[int, np.ndarray] = {}
-        if c.data.task == "dataset":
+        self.harbor = None  # HarborTasks (jaxrl.train.harbor) for Harbor task sets
+        if c.data.task == "harbor" or (c.data.task == "dataset" and harbor_run.is_task_set(c.data.dataset_path)):
+            self.harbor = harbor_run.HarborTasks(c)
+            self.train_tasks = self.harbor.train_tasks
+            self.suite = None
+        elif c.data.task == "dataset":
             self.train_tasks = load_tasks(c.data.dataset_path)
             self.suite = None
         else:
@@ -344,6 +350,8 @@ class PromptSource:
 
     def eval_batch(self):
         """The held-out tasks ([] when there is no eval task or `data.num_eval_prompts` is 0)."""
+        if self.harbor is not None:
+            return self.harbor.eval_batch(_derive_seed(self.c.seed, 7))
         if self.eval_suite is None or self.c.data.num_eval_prompts == 0:
             return []
         return self.eval_suite.dataset("eval", num=self.c.data.num_eval_prompts, seed=_derive_seed(self.c.seed, 7))
@@ -415,7 +423,10 @@ class Trainer:
                 "trainer.algorithm.max_seq_len")
         self.chat = ChatTemplate.from_pretrained(self.model_dir, enable_thinking=c.generator.enable_thinking)
         self.prompts = PromptSource(c)
-        if c.data.task == "dataset":
+        if self.prompts.harbor is not None:
+            self._check_prompt_lengths(self.prompts.train_tasks + self.prompts.harbor.eval_tasks,
+                                       render=self.prompts.harbor.prompt_messages)
+        elif c.data.task == "dataset":
             self._check_prompt_lengths(self.prompts.train_tasks)
 
         # Mesh and shardings.
@@ -458,15 +469,26 @@ class Trainer:
         self.ema = RewardEMA(span=c.trainer.ema_span)
         self.sidecars: list[SidecarProcess] = []
         self.client: Optional[SidecarClient] = None
+        self._make_env = None  # the Terminus env factory of Harbor runs
+        if self.prompts.harbor is not None:
+            if c.data.verify_tasks and self.is_main:
+                lines = self.prompts.harbor.gate(self.workdir)
+                harbor_run.print_excluded(lines)
+                self.gate_events = lines
+            self._make_env = self.prompts.harbor.make_env_factory(self.workdir)
 
-    def _check_prompt_lengths(self, tasks) -> None:
-        """Rejects a dataset whose rendered prompts exceed `data.max_prompt_length` (before any work)."""
+    def _check_prompt_lengths(self, tasks, render=None) -> None:
+        """Rejects a dataset whose rendered prompts exceed `data.max_prompt_length` (before any work).
+        `render(task) -> messages` renders a task's prompt without starting its env (Harbor tasks)."""
         from jaxrl.envs import make_env
 
         limit = self.c.data.max_prompt_length
         for i, task in enumerate(tasks):
-            env = make_env(task)
-            n = len(self.chat.encode_prompt(env.reset(task), getattr(env, "tools", None)))
+            if render is not None:
+                n = len(self.chat.encode_prompt(render(task)))
+            else:
+                env = make_env(task)
+                n = len(self.chat.encode_prompt(env.reset(task), getattr(env, "tools", None)))
             if n > limit:
                 raise config_lib.ConfigError(
                     "data.max_prompt_length", f"{self.c.data.dataset_path}: task {i} ({task.task_id or 'no id'}) "
@@ -626,13 +648,17 @@ class Trainer:
 
     def _generate(self, tasks, sampling: SamplingParams, n: int):
         return self._with_sidecar_restart(
-            "generation", lambda: run_rollouts(self.client, self.chat, tasks, sampling, self._rollout_cfg(n)))
+            "generation", lambda: run_rollouts(self.client, self.chat, tasks, sampling,
+                                               self._rollout_cfg(n, num_tasks=len(tasks)), make_env=self._make_env))
 
-    def _rollout_cfg(self, n: Optional[int] = None) -> RolloutConfig:
+    def _rollout_cfg(self, n: Optional[int] = None, num_tasks: int = 0) -> RolloutConfig:
         g = self.c.generator
         max_seq = config_lib.rollout_max_seq_len(self.c)
-        return RolloutConfig(n_samples_per_prompt=n or g.n_samples_per_prompt, max_turns=g.max_turns,
+        n = n or g.n_samples_per_prompt
+        workers = self.prompts.harbor.concurrency(n * num_tasks) if self.prompts.harbor is not None else 1
+        return RolloutConfig(n_samples_per_prompt=n, max_turns=g.max_turns,
                              max_tokens_per_turn=g.sampling_params.max_generate_length, max_seq_len=max_seq,
+                             max_input_tokens=int(g.max_input_tokens) or None, env_workers=max(1, workers),
                              execute_truncated_turns=g.execute_truncated_turns)
 
     # -- evaluation ---------------------------------------------------------------------------
@@ -769,12 +795,15 @@ class Trainer:
         m["trainer/policy_version"] = self.state.policy_version
         ema, is_best = self.ema.update(step, float(rewards.mean()), drop=c.trainer.collapse.drop)
         m["reward/ema"] = ema
+        if self.is_main and self.prompts.harbor is not None:
+            m.update(harbor_run.outcome_metrics(trajs))
         self.timings["step"] = time.perf_counter() - t_step
         trials = [{"group_id": t.group_id, "sample_index": t.info.get("sample_index", 0), "reward": t.reward,
                    "advantage": float(a), "num_tokens": int(t.loss_mask.sum()), "num_turns": t.num_turns,
                    "stop_reason": t.stop_reason, "policy_version": t.policy_version,
                    "task_id": t.info.get("task_id", ""), "excluded": int(is_excluded(t)),
                    "error": _excluded_detail(t) if is_excluded(t) else "",
+                   **(harbor_run.trial_fields(t.info) if self.prompts.harbor is not None else {}),
                    "prompt": self._decode(t.prompt_ids), "response": self._decode(t.response_ids)}
                   for t, a in zip(trajs or [], advantages)]
         return params, opt_state, m, trials, is_best
@@ -911,6 +940,9 @@ class Trainer:
             if resumed is None:
                 params, opt_state = init_params, self._opt_init(init_params)
                 start = 0
+                if getattr(self, "gate_events", None):
+                    self.state.events.append(f"{len(self.gate_events)} task(s) excluded by the verifier sanity "
+                                             "gate (data.verify_tasks; listed in task_gate.json)")
             else:
                 start, params, opt_state, self.state = resumed
                 self.ema = RewardEMA.from_state_dict(self.state.ema)
@@ -1069,7 +1101,7 @@ def _eval_line(c, summary) -> str:
 
     if c.data.num_eval_prompts == 0:
         return "- held-out success: not evaluated (data.num_eval_prompts=0)"
-    if not (c.data.eval_task or c.data.task != "dataset"):
+    if not (c.data.eval_task or c.data.task != "dataset" or harbor_run.is_task_set(c.data.dataset_path)):
         return "- held-out success: not evaluated (no held-out task: set data.eval_task to a built-in task)"
     return (f"- held-out success (reward >= {c.trainer.success_threshold:g}): start "
             f"{fmt(summary.get('initial_eval'))} -> best-EMA checkpoint {fmt(summary.get('best_eval'))}")

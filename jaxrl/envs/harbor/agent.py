@@ -538,7 +538,8 @@ class TerminusEnv:
         result = trial.close()
         self._closed = True
         row = result.to_row()
-        out = {"outcome": str(result.outcome), "trial": row, "episode": list(self.episode)}
+        out = {"outcome": str(result.outcome), "trial": row, "episode": list(self.episode),
+               "instruction": self.task.instruction if self.task is not None else ""}
         if result.test_output and result.outcome != Outcome.OK:
             out["test_output"] = result.test_output[-2000:]
         return float(result.reward), out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
+from typing import Any, Optional
 
 import ml_collections
 
@@ -62,12 +62,15 @@ def base_config() -> ml_collections.ConfigDict:
     # task_binary) or `family:<name>:<first>-<last>` (a templated family, jaxrl/envs/harbor/families.py).
     # Only with task "dataset" / "harbor" (an error otherwise).
     c.data.dataset_path = ""
-    # Harbor task sets: the held-out set; "" = hold out num_eval_prompts tasks of dataset_path.
-    c.data.eval_dataset_path = ""
     # Harbor task sets: run the verifier sanity gate (oracle must score 1, an empty agent 0) before
     # training and leave out (and log) the tasks that fail it.
     c.data.verify_tasks = False
     c.data.eval_task = ""  # "" = the held-out split of `task`
+    # Held-out prompts of a dataset run: a file of its own, or a share of the training file.
+    # Harbor task sets: a held-out task set; "" = hold out num_eval_prompts tasks of dataset_path.
+    c.data.eval_dataset_path = ""  # JSONL or Parquet, the row format of dataset_path (or a Harbor task set)
+    c.data.eval_fraction = 0.05  # task=dataset without eval_dataset_path: share of the file's prompts held out
+    c.data.eval_split_seed = 0  # seed of that split (not `seed`: runs with other seeds share the held-out set)
     c.data.num_eval_prompts = 200  # 0 = no held-out evaluation
     c.data.max_prompt_length = 128  # tokens; longer prompts are rejected at load
 
@@ -113,7 +116,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.harbor.verifier_timeout_sec = 0.0  # 0 = each task's [verifier] timeout_sec
     c.harbor.command_timeout_sec = 60.0  # cap on one command's wait (Terminus: 60 s)
     c.harbor.max_output_bytes = 10000  # terminal output per observation, head and tail kept (Terminus: 10 kB)
-    c.harbor.concurrency = 0  # threads driving the trials of a step; 0 = min(trajectories, 8 x cores, >= 16)
+    c.harbor.concurrency = 0  # threads driving the trials of a step; 0 = one per trial, up to max(16, 8 x cores)
     c.harbor.keep_trial_logs = False  # keep each trial's logs/ and result.json under workdir/trials/
 
     # ---- trainer --------------------------------------------------------------------------
@@ -190,6 +193,220 @@ def base_config() -> ml_collections.ConfigDict:
     c.trainer.collapse.lr_factor = 0.5  # rollback: new lr = lr * lr_factor
     c.trainer.collapse.max_rollbacks = 2
     return c
+
+
+# One line per key of `base_config()`: what it means, with units and allowed values. The single
+# source of the meanings `python -m jaxrl.config show` prints; tests/test_config_cli.py fails for a
+# key of base_config() without an entry here, so a new key must be described when it is added.
+KEY_DOCS: dict[str, str] = {
+    "seed": "seed of every random choice (prompt order, sampling); same seed + config = same metrics",
+    "name": "run name: the default workdir is runs/<name>; the report's title",
+    "scale": "size preset chosen by the config string (configs/x.py:qwen3_8b): cpu | qwen3_8b",
+    # model
+    "model.path": "HF checkpoint directory of the starting policy; '' = the embedded default policy",
+    "model.compute_dtype": "dtype of the forward pass and of the published rollout weights: float32 | bfloat16",
+    "model.remat": "activation recomputation per layer: none | full | save_dots | save_attention | "
+                   "save_dots_attention",
+    "model.attention_impl": "attention kernel: xla (blocked flash, any backend) | cudnn (NVIDIA GPU) | splash (TPU)",
+    "model.logprobs_chunk_size": "tokens per chunk of the chunked log-softmax (never builds [N, T, vocab])",
+    "model.preset": "Qwen3 size (e.g. '8B') that jaxrl.plan compiles when model.path is ''",
+    # mesh
+    "mesh.data": "devices on the data-parallel mesh axis; -1 = all remaining devices",
+    "mesh.fsdp": "devices on the FSDP mesh axis (params and optimizer state sharded); -1 = all remaining",
+    "mesh.tensor": "devices on the tensor-parallel mesh axis (heads and MLP split); -1 = all remaining",
+    # data
+    "data.task": "training prompts: arithmetic | arithmetic_partial | calculator | dataset | harbor (terminal tasks)",
+    "data.dataset_path": "JSONL/Parquet prompt file (docs/usage.md) or a Harbor task set (docs/terminal_tasks.md)",
+    "data.verify_tasks": "Harbor runs: verifier sanity gate first (oracle 1, empty agent 0); failing tasks left out",
+    "data.eval_task": "built-in task whose held-out split is evaluated; '' = the held-out split of data.task",
+    "data.eval_dataset_path": "JSONL or Parquet file of held-out prompts, or a held-out Harbor task set; '' = none",
+    "data.eval_fraction": "data.task=dataset without eval_dataset_path: share of the file's distinct prompts "
+                          "held out",
+    "data.eval_split_seed": "seed of the eval_fraction split (not `seed`: runs with other seeds share it)",
+    "data.num_eval_prompts": "held-out prompts evaluated before, during and after training; 0 = no evaluation",
+    "data.max_prompt_length": "longest rendered prompt in tokens; a longer dataset prompt stops the run at start",
+    # generator
+    "generator.backend": "rollout engine: jax (built-in sidecar, CPU or GPU) | vllm (external vLLM sidecars)",
+    "generator.sidecar_urls": "base URLs of running sidecars: required for vllm; for jax, used instead of spawning",
+    "generator.num_sidecars": "JAX sidecar processes the trainer spawns (backend=jax without sidecar_urls)",
+    "generator.token_file": "shared secret of the sidecars' weight-load endpoint; '' = workdir/.sidecar_token",
+    "generator.logprobs_mode": "engine logprobs: full (log softmax(logits/T), the trainer's) | sampled (after "
+                               "top-p/k)",
+    "generator.gpu_memory_utilization": "share (0-1) of each GPU a sidecar engine claims; no effect on CPU",
+    "generator.colocate_with_trainer": "backend=vllm: the vLLM sidecars share the trainer's GPUs",
+    "generator.n_samples_per_prompt": "samples per prompt: one group of n trajectories for the group advantages",
+    "generator.max_turns": "assistant turns per trajectory (1 = single-turn; more for tools and multi-turn envs)",
+    "generator.max_input_tokens": "longest input (tokens) of one turn, the agent's context; 0 = only max_seq_len",
+    "generator.enable_thinking": "Qwen3 thinking mode of the chat template (False: empty <think></think> in "
+                                 "the prompt)",
+    "generator.execute_truncated_turns": "run the tool calls of a turn cut by max_generate_length (False: never)",
+    "generator.sampling_params.max_generate_length": "new tokens per assistant turn",
+    "generator.sampling_params.temperature": "sampling temperature of training rollouts (= "
+                                             "trainer.algorithm.temperature)",
+    "generator.sampling_params.top_p": "nucleus mass of training rollouts, in (0, 1]; 1 = off",
+    "generator.sampling_params.top_k": "top-k of training rollouts; -1 or 0 = off",
+    "generator.eval_sampling_params.temperature": "temperature of held-out evaluation when greedy is False",
+    "generator.eval_sampling_params.greedy": "held-out evaluation decodes greedily (argmax)",
+    # Harbor terminal tasks
+    "harbor.prompt_style": "agent prompt: terminus (Terminus-2, the seed runs') | compact (embedded terminal policy)",
+    "harbor.agent_timeout_sec": "agent's wall-clock budget per trial (s); 0 = the task's [agent] timeout_sec",
+    "harbor.verifier_timeout_sec": "verifier's wall-clock limit per trial (s); 0 = the task's [verifier] timeout_sec",
+    "harbor.command_timeout_sec": "cap in seconds on one command's wait (Terminus: 60)",
+    "harbor.max_output_bytes": "terminal output bytes per observation, head and tail kept (Terminus: 10000)",
+    "harbor.concurrency": "threads driving the trials of a step; 0 = one per trial, up to max(16, 8 x cores)",
+    "harbor.keep_trial_logs": "keep each trial's logs/ and result.json under workdir/trials/",
+    # trainer
+    "trainer.num_steps": "RL steps (one rollout batch each); raise it and rerun to continue a finished run",
+    "trainer.train_batch_size": "prompts per RL step, each sampled n_samples_per_prompt times",
+    "trainer.mini_batch_size": "prompts per optimizer step; divides train_batch_size",
+    "trainer.micro_batch_size": "sequences per micro-batch (gradient accumulation); divides mini_batch_size x n",
+    "trainer.update_epochs_per_batch": "passes over the step's mini-batches (PPO epochs)",
+    "trainer.eval_interval": "RL steps between held-out evaluations; 0 = only before training and at the end",
+    "trainer.eval_before_train": "evaluate the starting policy before step 1 (the report's 'start')",
+    "trainer.ckpt_interval": "RL steps between Orbax checkpoints",
+    "trainer.max_ckpts_to_keep": "latest checkpoints kept (the best-EMA checkpoint is kept in addition)",
+    "trainer.weight_sync_keep": "published policy versions kept in workdir/sync",
+    "trainer.seq_len_buckets": "padded sequence lengths (tokens) of the train step; one compile per bucket used",
+    "trainer.ema_span": "span of the reward EMA that picks the best checkpoint: alpha = 2 / (span + 1)",
+    "trainer.save_on_new_best": "also checkpoint every step whose reward EMA is a new best",
+    "trainer.export_best": "export the best-EMA checkpoint in HF format to workdir/best/ at the end",
+    "trainer.success_threshold": "a trajectory is a success when its reward >= this (success rates, pass@n, eval)",
+    "trainer.logprob_diff_warn_threshold": "warn above this max |trainer - engine logprob|; 0 = never; -1 = by "
+                                           "compute dtype",
+    "trainer.gpu_memory_fraction": "share (0-1) of each GPU the trainer's JAX claims; no effect on CPU",
+    "trainer.optimizer.lr": "AdamW peak learning rate",
+    "trainer.optimizer.weight_decay": "AdamW decoupled weight decay",
+    "trainer.optimizer.adam_betas": "AdamW (beta1, beta2)",
+    "trainer.optimizer.adam_eps": "AdamW epsilon",
+    "trainer.optimizer.max_grad_norm": "global gradient-norm clip",
+    "trainer.optimizer.scheduler": "learning-rate schedule after the warm-up: constant | cosine",
+    "trainer.optimizer.num_warmup_steps": "optimizer steps of linear learning-rate warm-up",
+    "trainer.optimizer.offload": "optimizer state in pinned host memory: none | moments | moments_and_master",
+    "trainer.algorithm.advantage_estimator": "group advantage estimator: rloo_n | rloo | grpo | reinforce_pp",
+    "trainer.algorithm.group_advantage_min_size": "rloo_n: a group with fewer eligible members gets advantage 0",
+    "trainer.algorithm.grpo_norm_by_std": "grpo: divide the centred rewards by the group std (False = Dr. GRPO)",
+    "trainer.algorithm.policy_loss_type": "policy loss: regular (PPO clip) | dual_clip | gspo | cispo",
+    "trainer.algorithm.loss_reduction": "token terms to one scalar: token_mean | sequence_mean | "
+                                        "seq_mean_token_sum_norm",
+    "trainer.algorithm.eps_clip_low": "PPO clip: the ratio is clipped below at 1 - eps_clip_low",
+    "trainer.algorithm.eps_clip_high": "PPO clip: the ratio is clipped above at 1 + eps_clip_high",
+    "trainer.algorithm.clip_ratio_c": "dual-clip bound c > 1 on negative advantages (policy_loss_type=dual_clip)",
+    "trainer.algorithm.max_seq_len": "tokens per sequence seq_mean_token_sum_norm divides by; caps trajectories; "
+                                     "0 = unset",
+    "trainer.algorithm.temperature": "temperature of the trainer's logprobs (logits / T)",
+    "trainer.algorithm.allow_temperature_mismatch": "accept a trainer temperature that differs from the rollouts'",
+    "trainer.algorithm.kl_loss_coef": "coefficient of the KL penalty to the starting policy; 0 = no reference model",
+    "trainer.algorithm.kl_estimator_type": "KL estimator: k1 | k2 | k3 | abs",
+    "trainer.algorithm.entropy_loss_coef": "coefficient of the entropy bonus; 0 = off",
+    "trainer.algorithm.off_policy_correction.tis_ratio_type": "truncated importance sampling of pi_old / mu: '' "
+                                                              "(off) | token | sequence",
+    "trainer.algorithm.off_policy_correction.token_tis_ratio_clip_high": "cap of the token-level TIS ratio",
+    "trainer.algorithm.off_policy_correction.sequence_tis_ratio_clip_high": "cap of the sequence-level TIS ratio",
+    "trainer.algorithm.off_policy_correction.only_untruncated": "apply TIS and its masks only to trajectories "
+                                                                "not cut by a length limit",
+    "trainer.collapse.enabled": "detect a reward collapse: the EMA below its best by drop for patience steps",
+    "trainer.collapse.drop": "collapse: drop of the reward EMA below its best (absolute reward)",
+    "trainer.collapse.patience": "collapse: consecutive steps below best - drop",
+    "trainer.collapse.action": "on a collapse: stop | rollback (to the best checkpoint, with a lower lr)",
+    "trainer.collapse.lr_factor": "rollback: new lr = lr x lr_factor",
+    "trainer.collapse.max_rollbacks": "rollbacks before a collapse stops the run",
+}
+
+# Element types of tuple-valued keys whose default is empty (the others take their default's).
+_TUPLE_ITEM_TYPES: dict[str, type] = {"generator.sidecar_urls": str}
+
+
+def flatten(c, prefix: str = "") -> dict[str, Any]:
+    """`{"a.b.c": value}` of every leaf of a ConfigDict or nested dict, in sorted key order."""
+    out: dict[str, Any] = {}
+    for k in sorted(c.keys()):
+        v = c[k]
+        if isinstance(v, (ml_collections.ConfigDict, dict)):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def key_type(key: str, value: Any) -> str:
+    """The type of a config value as `show` prints it: int, float, str, bool, tuple[int], ..."""
+    if isinstance(value, (tuple, list)):
+        items = {type(v).__name__ for v in value}
+        if not items:
+            default = flatten(base_config()).get(key)
+            items = {type(v).__name__ for v in default or ()} or (
+                {_TUPLE_ITEM_TYPES[key].__name__} if key in _TUPLE_ITEM_TYPES else set())
+        return f"tuple[{' | '.join(sorted(items))}]" if items else "tuple"
+    return "None" if value is None else type(value).__name__
+
+
+def nearest_key(key: str, keys) -> Optional[str]:
+    """The valid key a mistyped dotted `key` most likely meant, or None.
+
+    A key with the same last component wins (`trainer.lr` -> `trainer.optimizer.lr`), the one
+    whose full path is closest if several do; otherwise the closest full path, then the closest
+    last component (difflib similarity >= 0.6).
+    """
+    import difflib
+
+    keys = list(keys)
+    leaf = key.rsplit(".", 1)[-1]
+    ratio = lambda k: difflib.SequenceMatcher(None, key, k).ratio()
+    same_leaf = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]
+    if same_leaf:
+        return max(same_leaf, key=ratio)
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    leaves = {k.rsplit(".", 1)[-1]: k for k in keys}
+    close = difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.6)
+    return leaves[close[0]] if close else None
+
+
+def load_recipe(spec: str) -> ml_collections.ConfigDict:
+    """The config of a recipe spec `path/to/recipe.py[:scale]` (what --config=... loads).
+
+    Raises:
+      ConfigError: the file does not exist, is not a Python file with `get_config`, or the
+        scale is unknown.
+    """
+    import importlib.util
+
+    path, sep, arg = spec.partition(":")
+    if not os.path.isfile(path):
+        raise ConfigError("--config", f"recipe file {path!r} does not exist",
+                          "pass a recipe such as configs/rloo.py (or configs/rloo.py:qwen3_8b)")
+    name = "jaxrl_recipe_" + os.path.splitext(os.path.basename(path))[0]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ConfigError("--config", f"{path!r} is not a Python recipe file", "pass a .py file with get_config()")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ConfigError("--config", f"{path!r} defines no get_config()", "pass a recipe such as configs/rloo.py")
+    return module.get_config(arg) if sep else module.get_config()
+
+
+def _a(noun: str) -> str:
+    """`noun` with its indefinite article ("an int", "a str")."""
+    return ("an " if noun[:1] in "aeiou" else "a ") + noun
+
+
+def _check_types(c: ml_collections.ConfigDict) -> None:
+    """Tuple-valued keys hold elements of their default's type (a command-line override such as
+    `--config.trainer.seq_len_buckets=abc` parses as ('abc',) without complaint)."""
+    base = flatten(base_config())
+    for key, value in flatten(c).items():
+        default = base.get(key)
+        if not isinstance(default, tuple) or not isinstance(value, (tuple, list)):
+            continue
+        want = type(default[0]) if default else _TUPLE_ITEM_TYPES.get(key)
+        if want is None:
+            continue
+        ok = (int, float) if want is float else (want,)
+        bad = [v for v in value if not isinstance(v, ok) or isinstance(v, bool) and want is not bool]
+        _require(not bad, key, f"{tuple(value)!r} holds {bad[0]!r}, which is not {_a(want.__name__)}" if bad else "",
+                 f"pass a tuple of {want.__name__} values, e.g. --config.{key}='{tuple(default) or ('x',)!r}'")
 
 
 SCALES = ("", "cpu", "qwen3_8b")
@@ -287,6 +504,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
         "loss_reduction": rl_registry.LOSS_REDUCTIONS,
         "kl_estimator": rl_losses.KL_ESTIMATORS,
     }
+    _check_types(c)
     t, a, g = c.trainer, c.trainer.algorithm, c.generator
     if c.scale != "cpu" and check_inputs:
         _require(bool(c.model.path), "model.path", f"the {c.scale} scale needs an HF checkpoint",
@@ -428,6 +646,14 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
                  "point it at a .jsonl or .parquet prompt file" if c.data.task == "dataset" else
                  "point it at a Harbor task directory, a folder of tasks, a DCAgent .parquet, or use "
                  "family:<name>:<first>-<last>")
+    _require(0.0 <= c.data.eval_fraction < 1.0, "data.eval_fraction", f"{c.data.eval_fraction} is outside [0, 1)",
+             "use e.g. 0.05 (5% of the training file's prompts held out), or 0 for none")
+    _require(not (c.data.eval_dataset_path and c.data.eval_task), "data.eval_dataset_path",
+             f"both data.eval_dataset_path={c.data.eval_dataset_path!r} and data.eval_task={c.data.eval_task!r} "
+             "are set", "keep one held-out set: drop data.eval_task or data.eval_dataset_path")
+    if c.data.eval_dataset_path and check_inputs and not _is_harbor_run(c):
+        _require(os.path.isfile(c.data.eval_dataset_path), "data.eval_dataset_path",
+                 f"{c.data.eval_dataset_path!r} does not exist", "point it at a .jsonl or .parquet prompt file")
     _require(c.data.task in ("dataset", "harbor") or not c.data.dataset_path, "data.dataset_path",
              f"{c.data.dataset_path!r} is set but data.task={c.data.task!r} does not read it (it trains on the "
              "built-in task)", "add --config.data.task=dataset to train on the file, or drop data.dataset_path")
@@ -444,9 +670,24 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
             _require(t.micro_batch_size % rows_axis == 0, "trainer.micro_batch_size",
                      f"{t.micro_batch_size} sequences do not split over data x fsdp = {rows_axis} devices",
                      f"use a multiple of {rows_axis} that divides {seqs_per_mini}")
-        _require(num_devices % known == 0 and (-1 in axes or known == num_devices), "mesh",
-                 f"data*fsdp*tensor={known} does not match the {num_devices} available devices",
-                 f"choose sizes whose product is {num_devices} (or use -1 on one axis)")
+        if not (num_devices % known == 0 and (-1 in axes or known == num_devices)):
+            from jaxrl.parallel import mesh_hint
+
+            shape = " x ".join(f"{n}={v}" for n, v in zip(("data", "fsdp", "tensor"), axes))
+            raise ConfigError("mesh", f"mesh {shape} does not fit the {num_devices} available devices",
+                              mesh_hint(*axes, num_devices))
+
+
+def _is_harbor_run(c: ml_collections.ConfigDict) -> bool:
+    """True when the run trains on Harbor tasks: data.task=harbor, or data.task=dataset with a
+    dataset_path that is a Harbor task set (a directory, a DCAgent Parquet, a family spec)."""
+    if c.data.task == "harbor":
+        return True
+    if c.data.task != "dataset" or not c.data.dataset_path:
+        return False
+    from jaxrl.envs.harbor.dataset import is_task_set
+
+    return is_task_set(c.data.dataset_path)
 
 
 def _validate_harbor(c: ml_collections.ConfigDict, check_inputs: bool) -> None:
@@ -465,18 +706,15 @@ def _validate_harbor(c: ml_collections.ConfigDict, check_inputs: bool) -> None:
     _require(int(h.max_output_bytes) >= 64, "harbor.max_output_bytes", f"{h.max_output_bytes!r} is too small",
              "use 10000 (Terminus)")
     _require(int(h.concurrency) >= 0, "harbor.concurrency", f"{h.concurrency!r} must be >= 0",
-             "use 0 (one thread per trajectory, up to 8 per core) or a thread count")
+             "use 0 (one thread per trial, up to max(16, 8 x cores)) or a thread count")
     _require(isinstance(d.verify_tasks, bool), "data.verify_tasks", "must be True or False",
              "use True to gate Harbor tasks before training")
     _require(c.generator.max_input_tokens >= 0, "generator.max_input_tokens",
              f"{c.generator.max_input_tokens} must be >= 0", "use 0 (no limit besides max_seq_len) or e.g. 32000")
-    _require(not d.eval_dataset_path or d.task in ("dataset", "harbor"), "data.eval_dataset_path",
-             f"{d.eval_dataset_path!r} is set but data.task={d.task!r} does not read it",
-             "use it with data.task=harbor (a Harbor held-out task set), or drop it")
     if d.task == "harbor":
         _require(not d.eval_task, "data.eval_task", f"{d.eval_task!r}: a built-in task cannot evaluate a Harbor run",
                  "drop data.eval_task; give held-out Harbor tasks with data.eval_dataset_path")
-    if d.eval_dataset_path and check_inputs:
+    if d.eval_dataset_path and check_inputs and _is_harbor_run(c):
         from jaxrl.envs.harbor.dataset import spec_exists
 
         _require(spec_exists(d.eval_dataset_path), "data.eval_dataset_path", f"{d.eval_dataset_path!r} does not exist",
@@ -533,3 +771,11 @@ def to_json_dict(c: ml_collections.ConfigDict) -> dict[str, Any]:
 def write_json_atomic(path: str, obj: Any) -> None:
     """Writes JSON to `path` atomically (temp file in the same directory, then rename)."""
     atomic_write_json(path, obj)
+
+
+if __name__ == "__main__":  # python -m jaxrl.config show|diff ... (jaxrl/config_cli.py)
+    import sys
+
+    from jaxrl.config_cli import main as _cli_main
+
+    sys.exit(_cli_main())

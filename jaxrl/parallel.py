@@ -46,6 +46,50 @@ class ShardingError(ValueError):
     """A tensor dimension does not divide the mesh axes it is sharded over."""
 
 
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def mesh_hint(data: int, fsdp: int, tensor: int, num_devices: int) -> str:
+    """What to change when the mesh `data x fsdp x tensor` (one axis may be -1) does not fit
+    `num_devices`, for the case at hand: with an axis at -1 already, the device counts that work
+    and the values of each fixed axis that work on these devices; without one, the axis that
+    could be -1 (and the shape it gives) and the product to aim for.
+    """
+    sizes = {"data": int(data), "fsdp": int(fsdp), "tensor": int(tensor)}
+    auto = [n for n, v in sizes.items() if v == -1]
+    fixed = {n: v for n, v in sizes.items() if v != -1}
+    prod = math.prod(fixed.values())
+    if len(auto) == 1:
+        counts = ", ".join(str(prod * k) for k in (1, 2, 3)) + ", ..."
+        options = []
+        for name, v in fixed.items():
+            others = prod // v
+            if num_devices % others == 0:
+                good = _divisors(num_devices // others)
+                options.append(f"mesh.{name}={good[0]}" if len(good) == 1 else
+                               f"mesh.{name} to one of {', '.join(map(str, good))}")
+        fixed_txt = " x ".join(f"{n}={v}" for n, v in fixed.items())
+        text = (f"mesh.{auto[0]}=-1 takes the devices the other axes leave, but they use {fixed_txt} = {prod} "
+                f"devices, which does not divide {num_devices}: run on a multiple of {prod} devices ({counts})")
+        if options:
+            text += f", or for {num_devices} devices set " + " or ".join(options)
+        return text
+    options = []
+    for name in sizes:
+        rest = math.prod(v for n, v in sizes.items() if n != name)
+        if num_devices % rest == 0:
+            shape = " x ".join(f"{n}={num_devices // rest if n == name else v}" for n, v in sizes.items())
+            options.append(f"mesh.{name}=-1 (gives {shape})")
+    text = f"choose sizes whose product is {num_devices}"
+    if options:
+        text += ", or set " + " or ".join(options)
+    else:
+        text += f" (e.g. mesh.data=1 mesh.fsdp={num_devices} mesh.tensor=1, or mesh.fsdp=-1 with the other axes " \
+                f"dividing {num_devices})"
+    return text
+
+
 def resolve_mesh_shape(data: int, fsdp: int, tensor: int, num_devices: int) -> tuple[int, int, int]:
     """Returns the concrete ``(data, fsdp, tensor)`` sizes; at most one may be ``-1`` (= the rest).
 
@@ -63,14 +107,14 @@ def resolve_mesh_shape(data: int, fsdp: int, tensor: int, num_devices: int) -> t
     if auto:
         if num_devices % fixed:
             raise ValueError(
-                f"mesh {sizes}: the fixed axes use {fixed} devices, which does not divide the "
-                f"{num_devices} available devices")
+                f"mesh data={data} x fsdp={fsdp} x tensor={tensor} does not fit the {num_devices} available "
+                f"devices; {mesh_hint(data, fsdp, tensor, num_devices)}")
         sizes[auto[0]] = num_devices // fixed
     if math.prod(sizes.values()) != num_devices:
         raise ValueError(
             f"mesh data={sizes['data']} x fsdp={sizes['fsdp']} x tensor={sizes['tensor']} = "
             f"{math.prod(sizes.values())} devices, but {num_devices} devices are available; "
-            "set one axis to -1 to use all remaining devices")
+            f"{mesh_hint(data, fsdp, tensor, num_devices)}")
     return sizes["data"], sizes["fsdp"], sizes["tensor"]
 
 

@@ -2,6 +2,7 @@
 devices, without allocating weights, and print per-device memory and compile time.
 
   python -m jaxrl.plan --config=configs/rloo.py:qwen3_8b --num_devices=16 --seq_len=4096
+  python -m jaxrl.plan --config=configs/rloo.py:qwen3_8b --num_devices=8 --config.mesh.fsdp=4
 
 The compiled program is the real one (`jaxrl.train.step.train_step`: forward, chunked
 logprobs, the policy loss, micro-batch accumulation, AdamW update with donated params and
@@ -20,8 +21,10 @@ import os
 import sys
 import time
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
+
+from jaxrl import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Recipe file, e.g. configs/rloo.py:qwen3_8b.")
 _NUM_DEVICES = flags.DEFINE_integer("num_devices", 0, "Fake devices (0: the product of the config's mesh axes, "
@@ -126,11 +129,16 @@ def plan(c, num_devices: int, seq_len: int, attention: str = "xla") -> dict:
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        cli.usage_error(f"unexpected arguments: {argv[1:]}")
     c = _CONFIG.value
     if c is None:
-        raise app.UsageError("--config is required")
-    axes = [int(c.mesh.data), int(c.mesh.fsdp), int(c.mesh.tensor)]
+        cli.usage_error("--config is required, e.g. --config=configs/rloo.py:qwen3_8b")
+    try:
+        axes = [int(c.mesh.data), int(c.mesh.fsdp), int(c.mesh.tensor)]
+    except OSError as e:  # ml_collections defers a missing/broken recipe file to the first access
+        print(f"error: {str(e).splitlines()[-1].strip()}: the --config recipe file could not be loaded",
+              file=sys.stderr)
+        sys.exit(2)
     n = _NUM_DEVICES.value or (8 if -1 in axes else axes[0] * axes[1] * axes[2])
     if "jax" in sys.modules:
         raise RuntimeError("jaxrl.plan must set the fake device count before jax is imported")
@@ -169,4 +177,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, __doc__)

@@ -2,6 +2,7 @@
 row per trial with its outcome, outcome metrics, readable episodes in rollouts/, the verifier gate
 excluding a planted inverted-verifier task, and the config keys of Harbor runs."""
 import csv
+import hashlib
 import json
 import os
 import shutil
@@ -138,12 +139,14 @@ def test_8b_scale_takes_a_harbor_parquet_set(tmp_path):
     write_parquet(dirs, pq)
     c = rloo.get_config("qwen3_8b")
     c.data.dataset_path = str(pq)
-    c.data.num_eval_prompts = 1
+    c.data.eval_fraction, c.data.eval_split_seed = 0.5, 3
     assert c.data.task == "dataset" and is_task_set(str(pq)) and is_task_set(str(SHIPPED_TASKS_DIR))
     h = HarborTasks(c)
-    names = sorted(t.name for t in h.train_harbor + h.eval_harbor)
-    assert names == ["jaxrl/py-return-000", "jaxrl/shell-sum-000", "jaxrl/write-file-000"]
-    assert len(h.eval_harbor) == 1
+    names = ["jaxrl/py-return-000", "jaxrl/shell-sum-000", "jaxrl/write-file-000"]
+    assert sorted(t.name for t in h.train_harbor + h.eval_harbor) == names
+    # held out: ceil(0.5 x 3) = 2 tasks, the first by sha256("<split seed>:<name>")
+    by_hash = sorted(names, key=lambda n: hashlib.sha256(f"3:{n}".encode()).digest())
+    assert [t.name for t in h.eval_harbor] == by_hash[:2] and [t.name for t in h.train_harbor] == by_hash[2:]
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text('{"prompt": "hi", "answer": "1"}\n')
     assert not is_task_set(str(jsonl))

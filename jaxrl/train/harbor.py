@@ -23,7 +23,6 @@ import sys
 import tempfile
 from typing import Any, Optional
 
-import numpy as np
 
 from jaxrl import config as config_lib
 from jaxrl.envs.harbor import HarborTaskError, Outcome, SandboxConfig, TrialConfig
@@ -32,7 +31,7 @@ from jaxrl.envs.harbor.agent import (INITIAL_SCREEN, PROMPT_STYLES, AgentConfig,
 from jaxrl.envs.harbor.dataset import gate_tasks, is_task_set, split_tasks
 from jaxrl.envs.harbor.runner import default_concurrency
 
-__all__ = ["HarborTasks", "is_task_set", "trial_fields", "outcome_metrics", "episodes_markdown"]
+__all__ = ["HarborTasks", "is_harbor_run", "is_task_set", "trial_fields", "outcome_metrics", "episodes_markdown"]
 
 
 class HarborTasks:
@@ -50,8 +49,8 @@ class HarborTasks:
         self.tasks_dir = tempfile.mkdtemp(prefix="jaxrl-tasks-")
         atexit.register(shutil.rmtree, self.tasks_dir, True)
         try:
-            train, held = split_tasks(c.data.dataset_path, c.data.eval_dataset_path, c.data.num_eval_prompts,
-                                      self.tasks_dir)
+            train, held = split_tasks(c.data.dataset_path, c.data.eval_dataset_path, c.data.eval_fraction,
+                                      c.data.eval_split_seed, self.tasks_dir)
         except (HarborTaskError, FileNotFoundError) as e:
             key = "data.eval_dataset_path" if c.data.eval_dataset_path and c.data.eval_dataset_path in str(e) \
                 else "data.dataset_path"
@@ -92,17 +91,20 @@ class HarborTasks:
         self.train_tasks, self.eval_tasks = rollout_tasks(kept_train), rollout_tasks(kept_eval)
         return [f"task {name} excluded by the verifier sanity gate: {why}" for name, why in self.excluded]
 
-    def eval_batch(self, seed: int):
-        """`data.num_eval_prompts` held-out tasks, in a fixed order of the run's seed."""
-        n = min(self.c.data.num_eval_prompts, len(self.eval_tasks))
-        if n == 0:
-            return []
-        order = np.random.default_rng(seed).permutation(len(self.eval_tasks))[:n]
-        return [self.eval_tasks[i] for i in sorted(order)]
+    @property
+    def heldout_kind(self) -> str:
+        """What the held-out tasks are, for the report ("" when there are none)."""
+        d = self.c.data
+        if not self.eval_tasks:
+            return ""
+        if d.eval_dataset_path:
+            return f"the Harbor tasks of data.eval_dataset_path ({d.eval_dataset_path})"
+        return (f"{100 * d.eval_fraction:g}% of the Harbor tasks of data.dataset_path held out (split seed "
+                f"{d.eval_split_seed})")
 
     def concurrency(self, num_trials: int) -> int:
-        """Threads driving the trials of one call (`harbor.concurrency`; 0 = one per trial, at most
-        8 per core and at least 16)."""
+        """Threads driving the trials of one call (`harbor.concurrency`; 0 = one per trial, up to
+        max(16, 8 x `runner.default_concurrency()`))."""
         if self.c.harbor.concurrency:
             return int(self.c.harbor.concurrency)
         return max(1, min(num_trials, max(16, 8 * default_concurrency())))
@@ -118,6 +120,12 @@ class HarborTasks:
         os.makedirs(trials_dir, exist_ok=True)
         return TerminusEnvFactory(AgentConfig(prompt_style=h.prompt_style, max_output_bytes=int(h.max_output_bytes),
                                               trial=trial, trials_dir=trials_dir))
+
+
+def is_harbor_run(c) -> bool:
+    """True when config `c` trains on Harbor tasks: `data.task == "harbor"`, or `data.task ==
+    "dataset"` with a `data.dataset_path` that is a Harbor task set (`is_task_set`)."""
+    return config_lib._is_harbor_run(c)
 
 
 def trial_fields(info: dict) -> dict[str, Any]:

@@ -10,13 +10,15 @@ templated family; train / held-out splits; the verifier sanity gate before train
   below a family's size are distinct tasks, so disjoint ranges are disjoint splits.
 
 Held-out split: `eval_dataset_path` when given (tasks that also occur in the training set, by name,
-are refused); otherwise `num_eval` tasks of `dataset_path`, picked by a fixed permutation of the
-task names (independent of the run's seed), are held out and removed from training.
+are refused); otherwise a `data.eval_fraction` share of `dataset_path`, picked by the split seed
+`data.eval_split_seed` from the task names (not by the run's seed), is held out and removed from
+training (`split_tasks`).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -28,7 +30,6 @@ from jaxrl.envs.harbor.families import FAMILIES, generate_tasks
 from jaxrl.envs.harbor.task import HarborTask, load_task_set
 
 _FAMILY_RE = re.compile(r"family:([A-Za-z0-9_-]+):(\d+)-(\d+)")
-SPLIT_SEED = 20_240_611  # the held-out permutation is a property of the data, not of the run
 
 
 def parse_family_spec(spec: str) -> Optional[tuple[str, range]]:
@@ -87,13 +88,24 @@ def load_spec(spec: str, tasks_dir: str | os.PathLike) -> list[HarborTask]:
     return load_task_set(spec)
 
 
-def split_tasks(train_spec: str, eval_spec: str, num_eval: int, tasks_dir: str | os.PathLike
-                ) -> tuple[list[HarborTask], list[HarborTask]]:
-    """(train tasks, held-out tasks) of a harbor run (module docstring).
+def split_tasks(train_spec: str, eval_spec: str, eval_fraction: float, split_seed: int,
+                tasks_dir: str | os.PathLike) -> tuple[list[HarborTask], list[HarborTask]]:
+    """(train tasks, held-out tasks) of a Harbor run (module docstring).
 
+    Args:
+      train_spec: `data.dataset_path`.
+      eval_spec: `data.eval_dataset_path` ("" = a share of the training set).
+      eval_fraction: `data.eval_fraction`: without `eval_spec`, ceil(fraction x n) of the n training
+        tasks (at least 1, at most n - 1) are held out; 0 = none.
+      split_seed: `data.eval_split_seed`: the held-out tasks are the first of the tasks sorted by
+        sha256("<seed>:<task name>") (the rule of `jaxrl.envs.splits.heldout_split`).
+      tasks_dir: where family tasks are written and Parquet tasks unpacked.
+    Returns:
+      the training tasks sorted by name, and the held-out tasks (sorted by name for `eval_spec`, in
+      split order otherwise).
     Raises:
       HarborTaskError: an invalid task or spec, a held-out set overlapping the training set, or a
-        training set that holding out `num_eval` tasks would empty.
+        training set of one task with a held-out share asked for.
     """
     train = load_spec(train_spec, tasks_dir)
     if eval_spec:
@@ -104,18 +116,17 @@ def split_tasks(train_spec: str, eval_spec: str, num_eval: int, tasks_dir: str |
                                   f"data.dataset_path {train_spec!r} (e.g. {overlap[0]!r}); held-out tasks must not "
                                   "be trained on: use disjoint sets (for a family, disjoint seed ranges)")
         return train, held
-    if num_eval <= 0:
+    if eval_fraction <= 0:
         return train, []
-    if num_eval >= len(train):
-        raise HarborTaskError(f"data.dataset_path {train_spec!r} has {len(train)} task(s); holding out "
-                              f"data.num_eval_prompts={num_eval} of them leaves none to train on: lower "
-                              "num_eval_prompts or give data.eval_dataset_path")
-    import numpy as np
-
-    order = np.random.default_rng(SPLIT_SEED).permutation(len(train))
-    held_idx = set(int(i) for i in order[:num_eval])
-    return ([t for i, t in enumerate(train) if i not in held_idx],
-            [t for i, t in enumerate(train) if i in held_idx])
+    if len(train) < 2:
+        raise HarborTaskError(f"data.dataset_path {train_spec!r} has {len(train)} task(s); holding out a "
+                              f"data.eval_fraction={eval_fraction:g} share leaves none to train on: set "
+                              "data.eval_fraction=0 or give data.eval_dataset_path")
+    n_eval = min(max(1, math.ceil(eval_fraction * len(train))), len(train) - 1)
+    order = sorted(train, key=lambda t: hashlib.sha256(f"{int(split_seed)}:{t.name}".encode()).digest())
+    held = order[:n_eval]
+    names = {t.name for t in held}
+    return [t for t in train if t.name not in names], held
 
 
 def gate_tasks(tasks: Sequence[HarborTask], cache_path: Optional[str] = None, **check_kwargs

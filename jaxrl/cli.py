@@ -1,0 +1,156 @@
+"""Command-line plumbing shared by the absl-based commands (jaxrl.main, jaxrl.plan, jaxrl.evaluate).
+
+* `--help` / `-h` prints the command's usage, its flags and how to list the `--config.*` keys,
+  and exits 0 (absl's own help exits 1); `--helpfull` adds every absl flag, also with status 0.
+* Library INFO logs (jax's backend probing, Orbax's I/O statistics) stay off stderr unless a
+  logging flag such as `--verbosity=0` asks for them; warnings and errors still show.
+* A bad command line (an unknown `--config.*` key, a value of the wrong type, an unknown flag)
+  prints one line, `error: ...`, and exits 2. An unknown key is named by its full dotted path
+  with the nearest valid key; a bad value is quoted as typed, with the type the key wants.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from typing import Callable, Optional, Sequence
+
+HELP_FLAGS = ("-h", "-?", "--help", "--helpshort")
+HELPFULL_FLAGS = ("--helpfull",)
+
+KEYS_HINT = """\
+Config keys: every key of a recipe can be overridden with --config.KEY=VALUE (e.g.
+--config.trainer.optimizer.lr=1e-5). To list them with their values, types and meanings:
+  python -m jaxrl.config show configs/rloo.py                   # every key
+  python -m jaxrl.config show configs/rloo.py:qwen3_8b trainer  # the 8B scale, keys under trainer.
+  python -m jaxrl.config diff configs/rloo.py configs/grpo.py   # the keys two recipes set differently"""
+
+
+def help_text(doc: str, keys_hint: bool = True) -> str:
+    """`doc` (a module docstring), the flags of the running command and, if `keys_hint`, how to
+    list the config keys."""
+    from absl import flags
+
+    module_flags = flags.FLAGS.main_module_help().strip().split("\n", 1)  # drop the "path/to/main.py:" line
+    parts = [doc.strip(), "flags:\n" + (module_flags[1] if len(module_flags) > 1 else "  (none)")]
+    if keys_hint:
+        parts.append(KEYS_HINT)
+    parts.append("--helpfull lists every flag, including absl's logging flags.")
+    return "\n\n".join(parts) + "\n"
+
+
+def run(main: Callable, doc: str, keys_hint: bool = True, argv: Optional[Sequence[str]] = None) -> None:
+    """`absl.app.run(main)` with a help that exits 0 and one-line command-line errors (exit 2)."""
+    from absl import app, flags
+
+    argv = list(sys.argv if argv is None else argv)
+    if any(a in HELP_FLAGS for a in argv[1:]):
+        sys.stdout.write(help_text(doc, keys_hint))
+        sys.exit(0)
+    if any(a in HELPFULL_FLAGS for a in argv[1:]):
+        sys.stdout.write(help_text(doc, keys_hint) + "\nall flags:\n" + flags.FLAGS.get_help() + "\n")
+        sys.exit(0)
+    quiet = not any(a.startswith(("--verbosity", "-v=", "--v=", "--logtostderr", "--alsologtostderr"))
+                    or a in ("-v", "--v") for a in argv[1:])
+
+    def quiet_main(args):
+        if quiet:  # absl's default shows every library's INFO records (jax backends, Orbax I/O) on stderr
+            from absl import logging as absl_logging
+
+            absl_logging.set_verbosity(absl_logging.WARNING)
+        return main(args)
+
+    app.run(quiet_main, argv=argv, flags_parser=parse_flags)
+
+
+def usage_error(message: str) -> None:
+    """Exits 2 after printing `error: <message> (see --help)` (one line)."""
+    print(f"error: {message} (see --help)", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_flags(argv: Sequence[str]):
+    """absl flag parsing whose errors are one line: exits 2 with `error: ...` instead of a traceback."""
+    from absl import flags
+
+    try:
+        return flags.FLAGS(list(argv))
+    except Exception as e:  # ml_collections raises AttributeError/KeyError/ValueError, absl flags.Error
+        print(f"error: {flag_error_line(e, argv)}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _recipe_spec(argv: Sequence[str], flag: str = "config") -> Optional[str]:
+    for i, a in enumerate(argv):
+        if a.startswith(f"--{flag}="):
+            return a.split("=", 1)[1]
+        if a == f"--{flag}" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def _overrides(argv: Sequence[str], flag: str = "config") -> list[tuple[str, str, Optional[str]]]:
+    """`(argument, key, value)` of every `--config.KEY=VALUE` (or `--config.KEY VALUE`) in argv."""
+    out = []
+    for i, a in enumerate(argv):
+        if a.startswith(f"--{flag}."):
+            body = a[len(flag) + 3:]
+            if "=" in body:
+                key, value = body.split("=", 1)
+            else:
+                key, value = body, argv[i + 1] if i + 1 < len(argv) else None
+            out.append((a, key, value))
+    return out
+
+
+def flag_error_line(e: BaseException, argv: Sequence[str], flag: str = "config") -> str:
+    """One line saying what is wrong with a command line that absl / ml_collections refused.
+
+    An unknown `--config.KEY`: the full dotted KEY, the nearest valid key and the command that
+    lists the keys. A value that does not parse: the value as typed (quoted), the type the key
+    wants and the recipe's value. Anything else: the library's message on one line.
+    """
+    from jaxrl import config as config_lib
+
+    spec = _recipe_spec(argv, flag)
+    overrides = _overrides(argv, flag)
+    recipe = None
+    if spec is not None and overrides:
+        try:
+            recipe = config_lib.load_recipe(spec)
+        except Exception:  # noqa: BLE001 - the recipe's own error is reported by the library message below
+            recipe = None
+    if recipe is not None:
+        leaves = config_lib.flatten(recipe)
+        sections = {k.rsplit(".", i)[0] for k in leaves for i in range(1, k.count(".") + 1)}
+        list_cmd = f"python -m jaxrl.config show {spec}"
+        for arg, key, value in overrides:
+            if key in leaves or key in sections:
+                continue
+            near = config_lib.nearest_key(key, leaves)
+            hint = f"; did you mean `{near}`?" if near else ""
+            return f"unknown config key `{key}` (in {arg}){hint} List the keys with: {list_cmd}"
+        msg = _library_message(e)
+        m = re.match(rf"flag --{re.escape(flag)}\.([^=]+)=", msg)
+        if m and (m.group(1) in leaves or m.group(1) in sections):
+            key = m.group(1)
+            value = next((v for _, k, v in overrides if k == key), None)
+            if key in sections:
+                example = next(k for k in leaves if k.startswith(key + "."))
+                return (f"config key `{key}` is a section of keys, not a value; set a key inside it, e.g. "
+                        f"--{flag}.{example}={leaves[example]!r}. List the keys with: {list_cmd} {key}")
+            current = leaves[key]
+            want = config_lib.key_type(key, current)
+            return (f"config key `{key}`: {value!r} is not a valid {want} value (the recipe has {current!r}). "
+                    f"Fix: e.g. --{flag}.{key}={current!r}")
+    return _library_message(e)
+
+
+def _library_message(e: BaseException) -> str:
+    """The useful line of a flag-parsing error (ml_collections embeds tracebacks in its messages)."""
+    msg = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
+    if isinstance(e, AttributeError) and e.args and isinstance(e.args[0], KeyError):
+        msg = str(e.args[0].args[0]) if e.args[0].args else str(e.args[0])
+    if "Traceback" in msg:  # keep the final "SomeError: message" line of the embedded traceback
+        last = [line for line in msg.strip().splitlines() if line.strip()][-1]
+        msg = last.split(": ", 1)[1] if ": " in last else last
+    return " ".join(msg.replace("\\n", " ").split())

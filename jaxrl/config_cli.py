@@ -1,0 +1,123 @@
+"""`python -m jaxrl.config`: list the keys of a recipe, or the keys two recipes set differently.
+
+  python -m jaxrl.config show configs/rloo.py                  # every key: value, type, meaning
+  python -m jaxrl.config show configs/rloo.py:qwen3_8b trainer.algorithm mesh   # keys under prefixes
+  python -m jaxrl.config diff configs/rloo.py configs/seqmean.py
+  python -m jaxrl.config diff runs/a/rl_config.json runs/b/rl_config.json       # two runs' resolved configs
+
+A recipe is `path/to/recipe.py[:scale]` (what `--config=` takes) or a run's `rl_config.json`.
+Every key can be overridden on the command line of `jaxrl.main`: `--config.KEY=VALUE`. The
+meanings come from `jaxrl.config.KEY_DOCS`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Optional, Sequence
+
+from jaxrl import config as config_lib
+
+_VALUE_WIDTH = 20  # a longer value pushes the rest of its line right
+
+
+def load(spec: str) -> dict[str, Any]:
+    """Flat `{dotted key: value}` of a recipe spec or an `rl_config.json` (JSON lists as tuples).
+
+    Raises:
+      ConfigError: a missing or unloadable recipe (see `config.load_recipe`), or a JSON file that
+        is not a config object.
+    """
+    if spec.endswith(".json"):
+        try:
+            with open(spec) as f:
+                obj = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise config_lib.ConfigError(spec, f"cannot read the config JSON ({e})",
+                                         "pass a run's rl_config.json or a recipe such as configs/rloo.py") from None
+        if not isinstance(obj, dict):
+            raise config_lib.ConfigError(spec, "is not a JSON object", "pass a run's rl_config.json")
+        return {k: tuple(v) if isinstance(v, list) else v for k, v in config_lib.flatten(obj).items()}
+    return config_lib.flatten(config_lib.load_recipe(spec))
+
+
+def _fmt(value: Any) -> str:
+    return repr(value)
+
+
+def _doc(key: str) -> str:
+    return config_lib.KEY_DOCS.get(key, "(not described in jaxrl.config.KEY_DOCS)")
+
+
+def show_lines(spec: str, prefixes: Sequence[str] = ()) -> list[str]:
+    """The lines `show` prints: a header, then `key  value  type  meaning` per key (aligned).
+
+    Raises:
+      ConfigError: as `load`; or a prefix that starts no key (naming the nearest key).
+    """
+    flat = load(spec)
+    for p in prefixes:
+        if not any(k.startswith(p) for k in flat):
+            sections = {k.rsplit(".", i)[0] for k in flat for i in range(1, k.count(".") + 1)}
+            near = config_lib.nearest_key(p, [*flat, *sections])
+            raise config_lib.ConfigError(p, f"no key of {spec} starts with {p!r}",
+                                         "give the start of a dotted key, e.g. trainer.optimizer" +
+                                         (f" (the nearest key is {near})" if near else ""))
+    keys = [k for k in flat if not prefixes or any(k.startswith(p) for p in prefixes)]
+    kw = max(3, *(len(k) for k in keys))
+    values = {k: _fmt(flat[k]) for k in keys}
+    vw = max(5, min(_VALUE_WIDTH, max(len(v) for v in values.values())))
+    types = {k: config_lib.key_type(k, flat[k]) for k in keys}
+    tw = max(4, *(len(t) for t in types.values()))
+    scale = flat.get("scale", "?")
+    lines = [f"# {spec} (scale {scale}): {len(keys)} of {len(flat)} keys; override any with --config.KEY=VALUE",
+             f"{'KEY':<{kw}}  {'VALUE':<{vw}}  {'TYPE':<{tw}}  MEANING"]
+    for k in keys:
+        v = values[k]
+        lines.append(f"{k:<{kw}}  {v:<{vw}}  {types[k]:<{tw}}  {_doc(k)}")
+    return lines
+
+
+def diff_lines(spec_a: str, spec_b: str) -> list[str]:
+    """The lines `diff` prints: how many keys differ, then `key  value in A  value in B` for each
+    (a key present on one side only shows `(absent)` on the other)."""
+    a, b = load(spec_a), load(spec_b)
+    missing = object()
+    keys = sorted(k for k in set(a) | set(b) if a.get(k, missing) != b.get(k, missing))
+    if not keys:
+        return [f"# {spec_a} and {spec_b} set every key alike ({len(a)} keys)"]
+    va = {k: _fmt(a[k]) if k in a else "(absent)" for k in keys}
+    vb = {k: _fmt(b[k]) if k in b else "(absent)" for k in keys}
+    kw = max(len(k) for k in keys)
+    aw = max(len(spec_a), *(len(v) for v in va.values()))
+    lines = [f"# {len(keys)} of {len(set(a) | set(b))} keys differ",
+             f"{'KEY':<{kw}}  {spec_a:<{aw}}  {spec_b}"]
+    lines += [f"{k:<{kw}}  {va[k]:<{aw}}  {vb[k]}" for k in keys]
+    return lines
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command; returns the exit status (0, or 2 after a one-line error)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m jaxrl.config", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+        epilog="A recipe is path/to/recipe.py[:scale] (as --config= takes) or a run's rl_config.json.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_show = sub.add_parser("show", help="every key of a recipe with its value, type and meaning")
+    p_show.add_argument("recipe", help="e.g. configs/rloo.py or configs/rloo.py:qwen3_8b")
+    p_show.add_argument("prefix", nargs="*", help="only the keys that start with one of these (e.g. trainer.optimizer)")
+    p_diff = sub.add_parser("diff", help="the keys two recipes (or two runs' rl_config.json) set differently")
+    p_diff.add_argument("a")
+    p_diff.add_argument("b")
+    args = parser.parse_args(argv)
+    try:
+        lines = show_lines(args.recipe, args.prefix) if args.command == "show" else diff_lines(args.a, args.b)
+    except config_lib.ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -46,7 +46,10 @@ def test_two_steps_on_terminal_tasks_with_the_verifier_gate(tmp_path):
     out = _main(wd, *TINY, f"--config.data.dataset_path={data}", f"--config.data.eval_dataset_path={held}",
                 "--config.data.verify_tasks=True")
     assert out.returncode == 0, out.stderr[-4000:]
-    assert "task test/inverted excluded by the verifier sanity gate: empty agent: reward 1" in out.stderr
+    (line,) = [x for x in out.stderr.splitlines() if "excluded by the verifier sanity gate" in x]
+    # the inverted verifier fails both ways: 0 for the oracle's done.txt, 1 for an empty /app
+    assert line.startswith("jaxrl: task test/inverted excluded") and "empty agent: reward 1" in line, line
+    assert "oracle: reward 0" in line, line
     gate = json.loads((wd / "task_gate.json").read_text())
     assert len(gate) == 7 and sum(bool(v) for v in gate.values()) == 1
 
@@ -150,3 +153,16 @@ def test_8b_scale_takes_a_harbor_parquet_set(tmp_path):
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text('{"prompt": "hi", "answer": "1"}\n')
     assert not is_task_set(str(jsonl))
+
+
+def test_prompt_format_of_a_harbor_run_config():
+    """Regression: `PromptFormat.of_run_config` (jaxrl.chat on a run's rl_config.json) raised for a
+    Harbor run (it looked `harbor` up as a built-in task). Harbor prompts are one user message."""
+    from jaxrl.config import to_json_dict
+    from jaxrl.envs.chat import PromptFormat
+
+    c = to_json_dict(terminal.get_config())
+    assert PromptFormat.of_run_config(c) == PromptFormat(None, False, 0, ())
+    c["data"].update(task="dataset", dataset_path=str(SHIPPED_TASKS_DIR))
+    c["generator"]["enable_thinking"] = True
+    assert PromptFormat.of_run_config(c) == PromptFormat(None, True, 0, ())

@@ -78,7 +78,8 @@ def plan(c, num_devices: int, seq_len: int, attention: str = "xla") -> dict:
     offload = c.trainer.optimizer.offload
     step_cfg = step_lib.StepConfig(loss=loss_cfg, temperature=a.temperature,
                                    num_micro_batches=rows // c.trainer.micro_batch_size,
-                                   chunk_size=c.model.logprobs_chunk_size, offload=offload)
+                                   chunk_size=c.model.logprobs_chunk_size,
+                                   save_probs=c.model.logprobs_save_probs, offload=offload)
     tx, sched = step_lib.make_optimizer(c.trainer.optimizer.lr, 1000, max_grad_norm=c.trainer.optimizer.max_grad_norm)
     abs_opt = jax.eval_shape(tx.init, abstract)
     moments_host, master_host = step_lib.offloaded(offload)

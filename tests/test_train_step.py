@@ -231,6 +231,62 @@ def test_optimizer_offload_to_pinned_host_gives_identical_steps():
         step_lib.StepConfig(loss=lcfg, offload="gpu")
 
 
+def _conds_under_scans(jaxpr, out, lengths=()):
+    """(enclosing scan lengths, output avals) of every cond in a jaxpr, recursively."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "cond":
+            out.append((lengths, [str(v.aval) for v in eqn.outvars]))
+        inner = lengths + (eqn.params["length"],) if eqn.primitive.name == "scan" else lengths
+        for v in eqn.params.values():
+            for x in (v if isinstance(v, (tuple, list)) else [v]):
+                j = getattr(x, "jaxpr", x)
+                if hasattr(j, "eqns"):
+                    _conds_under_scans(j, out, inner)
+    return out
+
+
+def test_cudnn_layout_is_checked_once_around_the_gradient(monkeypatch):
+    """attention='cudnn' in the train step: one layout check per micro-batch selects the cuDNN
+    program or the exact blocked one for the whole forward/backward pass. Regression: the check was
+    a lax.cond in every layer, which, differentiated, made the cuDNN branch output zero-filled
+    copies of the blocked branch's residuals. cuDNN needs a GPU, so jax.nn's XLA implementation of
+    the same call stands in for it."""
+    from functools import partial
+
+    from jaxrl.models import attention
+
+    stand_in = partial(attention.cudnn_attention, implementation="xla")
+    monkeypatch.setitem(attention.IMPLS, "cudnn", stand_in)
+    monkeypatch.setitem(attention.IMPLS, "cudnn_no_fallback", partial(stand_in, fallback=False))
+    cfg = CFG.replace(num_hidden_layers=5)
+    params = qwen3.init_params(cfg, seed=6)
+    right = _batch(seed=7)                      # right-padded rows: the cuDNN layout
+    packed = dict(right, segment_ids=right["segment_ids"] * (1 + (np.arange(12) >= 4)))  # two sequences per row
+    lcfg = losses.LossConfig()
+    scfg = step_lib.StepConfig(loss=lcfg, num_micro_batches=1, chunk_size=16)
+    batches = [dict(b, old_logprobs=np.zeros(b["loss_mask"].shape, np.float32)) for b in (right, packed)]
+    weights = losses.compute_loss_weights(right["loss_mask"], lcfg)   # same loss mask in both
+
+    def grads(attn):
+        fn = jax.jit(lambda p, b: step_lib.accumulate_gradients(p, b, weights, cfg.replace(attention=attn), scfg)[0])
+        return [jax.tree.leaves(fn(params, b)) for b in batches]
+
+    close = lambda gs, hs: all(np.allclose(np.asarray(x), np.asarray(y), rtol=2e-5, atol=1e-7) for x, y in zip(gs, hs))
+    g_xla, g_cudnn = grads("xla"), grads("cudnn")
+    assert close(g_cudnn[0], g_xla[0]) and close(g_cudnn[1], g_xla[1])
+    # No cond inside the scan over the 5 layers; one cond (one per micro-batch; here one) whose
+    # outputs are the gradients and metrics only.
+    acc = lambda c: (lambda p: step_lib.accumulate_gradients(p, batches[0], weights, c, scfg))
+    conds = _conds_under_scans(jax.make_jaxpr(acc(cfg.replace(attention="cudnn")))(params).jaxpr, [])
+    assert [c for c in conds if 5 in c[0]] == []
+    n_out = len(jax.tree.leaves(jax.eval_shape(acc(cfg), params)))
+    assert len(conds) == 1 and len(conds[0][1]) == n_out
+    # The check picks the branch: a wrong "cuDNN" kernel changes the right-padded batch only.
+    monkeypatch.setitem(attention.IMPLS, "cudnn_no_fallback", lambda q, k, v, s, blk: 2 * stand_in(q, k, v, s, blk))
+    g_bad = grads("cudnn")
+    assert not close(g_bad[0], g_xla[0]) and close(g_bad[1], g_xla[1])
+
+
 def _dot_operand_dtypes(jaxpr, out):
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
@@ -260,3 +316,40 @@ def test_bf16_train_step_has_only_bf16_matmuls():
                                                                   schedule=sched))(
         params, jax.eval_shape(tx.init, params), batch, weights)
     assert _dot_operand_dtypes(jaxpr.jaxpr, set()) == {("bfloat16", "bfloat16")}
+
+
+def _head_matmuls(jaxpr, vocab, out):
+    """Multiplicity-weighted count of dot_generals with a vocab-sized operand or output."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general" and any(
+                vocab in v.aval.shape for v in list(eqn.invars) + list(eqn.outvars)):
+            out.append(eqn)
+        for v in eqn.params.values():
+            for x in (v if isinstance(v, (tuple, list)) else [v]):
+                j = getattr(x, "jaxpr", x)
+                if hasattr(j, "eqns"):
+                    _head_matmuls(j, vocab, out)
+    return out
+
+
+def test_save_probs_drops_the_logits_recompute_from_the_train_step():
+    """StepConfig.save_probs (model.logprobs_save_probs) reaches the loss: the step's jaxpr has the
+    head's forward, dh and dw matmuls, without the recomputed logits."""
+    cfg = qwen3.Qwen3Config.preset("tiny", vocab_size=997, dtype="bfloat16", remat="full")
+    params = qwen3.abstract_params(cfg)
+    tx, sched = step_lib.make_optimizer(1e-3, 10)
+    i32 = jax.ShapeDtypeStruct((2, 16), jnp.int32)
+    f32 = jax.ShapeDtypeStruct((2, 15), jnp.float32)
+    batch = dict(tokens=i32, positions=i32, segment_ids=i32, loss_mask=jax.ShapeDtypeStruct((2, 15), jnp.int32),
+                 advantages=f32, old_logprobs=f32)
+    weights = losses.LossWeights(policy=f32, token=f32, sequence_token=f32,
+                                 sequence=jax.ShapeDtypeStruct((2,), jnp.float32))
+    counts = {}
+    for save in (False, True):
+        scfg = step_lib.StepConfig(loss=losses.LossConfig(), chunk_size=8, save_probs=save)
+        jaxpr = jax.make_jaxpr(lambda p, o, b, w: step_lib.train_step(p, o, b, w, model_cfg=cfg, step_cfg=scfg, tx=tx,
+                                                                      schedule=sched))(
+            params, jax.eval_shape(tx.init, params), batch, weights)
+        counts[save] = len(_head_matmuls(jaxpr.jaxpr, 997, []))
+    assert counts == {False: 4, True: 3}
+

@@ -2,6 +2,8 @@
 
 * `--help` / `-h` prints the command's usage, its flags and how to list the `--config.*` keys,
   and exits 0 (absl's own help exits 1); `--helpfull` adds every absl flag, also with status 0.
+* Library INFO logs (jax's backend probing, Orbax's I/O statistics) stay off stderr unless a
+  logging flag such as `--verbosity=0` asks for them; warnings and errors still show.
 * A bad command line (an unknown `--config.*` key, a value of the wrong type, an unknown flag)
   prints one line, `error: ...`, and exits 2. An unknown key is named by its full dotted path
   with the nearest valid key; a bad value is quoted as typed, with the type the key wants.
@@ -47,7 +49,17 @@ def run(main: Callable, doc: str, keys_hint: bool = True, argv: Optional[Sequenc
     if any(a in HELPFULL_FLAGS for a in argv[1:]):
         sys.stdout.write(help_text(doc, keys_hint) + "\nall flags:\n" + flags.FLAGS.get_help() + "\n")
         sys.exit(0)
-    app.run(main, argv=argv, flags_parser=parse_flags)
+    quiet = not any(a.startswith(("--verbosity", "-v=", "--v=", "--logtostderr", "--alsologtostderr"))
+                    or a in ("-v", "--v") for a in argv[1:])
+
+    def quiet_main(args):
+        if quiet:  # absl's default shows every library's INFO records (jax backends, Orbax I/O) on stderr
+            from absl import logging as absl_logging
+
+            absl_logging.set_verbosity(absl_logging.WARNING)
+        return main(args)
+
+    app.run(quiet_main, argv=argv, flags_parser=parse_flags)
 
 
 def usage_error(message: str) -> None:

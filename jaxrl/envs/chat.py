@@ -40,6 +40,7 @@ the constructor checks that both paths agree on a probe conversation.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from typing import Any, Optional, Sequence
@@ -326,3 +327,59 @@ class ChatTemplate:
             raise ValueError(f"ChatTemplate: the template closes an assistant turn with {close!r}, which does "
                              f"not start with the eos token {end!r}; set eos_token to the turn-end token")
         return close
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptFormat:
+    """How a run rendered its training prompts: the system message and the thinking mode.
+
+    Attributes:
+      system_prompt: the system message every training prompt starts with; None when they start
+        without one, or not all with the same one (`num_system_prompts` then says how many).
+      enable_thinking: the chat template's `enable_thinking` (`generator.enable_thinking`).
+      num_system_prompts: distinct system messages among the training prompts (0 = none).
+      tools: tool names the training prompts offer (their schemas are rendered in the prompt).
+    """
+
+    system_prompt: Optional[str]
+    enable_thinking: bool
+    num_system_prompts: int = 0
+    tools: tuple = ()
+
+    @classmethod
+    def of_tasks(cls, tasks: Sequence[Any], enable_thinking: bool) -> "PromptFormat":
+        """The format of prompts built from `tasks` (`jaxrl.envs.Task`s): their common system
+        message, if every one starts with the same."""
+        systems, tools = set(), set()
+        no_system = False
+        for task in tasks:
+            first = task.messages[0] if task.messages else {}
+            if first.get("role") == "system":
+                systems.add(first.get("content"))
+            else:
+                no_system = True
+            tools.update(getattr(task, "tools", ()) or ())
+        common = next(iter(systems)) if len(systems) == 1 and not no_system else None
+        return cls(common, enable_thinking, len(systems), tuple(sorted(tools)))
+
+    @classmethod
+    def of_run_config(cls, c) -> "PromptFormat":
+        """The training prompt format of a run config (a ConfigDict, or the dict of a run's
+        rl_config.json): the training prompts of `data.task` (the train split of a built-in task,
+        or every row of `data.dataset_path`) and `generator.enable_thinking`.
+
+        Raises:
+          ValueError: the config names no task, or an unknown one.
+          DatasetError: the dataset file cannot be read (the message names it).
+        """
+        data = c["data"]
+        thinking = bool(c["generator"]["enable_thinking"])
+        if data["task"] == "dataset":
+            from jaxrl.envs.datasets import load_tasks
+
+            tasks = load_tasks(data["dataset_path"])
+        else:
+            from jaxrl.envs.tasks import get_task_suite
+
+            tasks = get_task_suite(data["task"]).dataset("train")
+        return cls.of_tasks(tasks, thinking)

@@ -615,13 +615,11 @@ def micro_batch_loss(logprobs, old_logprobs, advantages, loss_mask, weights: Los
     per_token, loss_metrics = loss_fn(lp, old, adv, pg_mask, config, mu)
     per_token = jnp.where(pg_mask, per_token, 0.0)
     metrics: Dict[str, jax.Array] = {}
-    for name, values in loss_metrics.items():
-        if name.endswith("_max"):
-            metrics[name] = jnp.max(jnp.where(pg_mask, values, -jnp.inf))
-        elif name.endswith("_min"):
-            metrics[name] = jnp.min(jnp.where(pg_mask, values, jnp.inf))
-        else:
-            metrics[name] = jnp.sum(weights.token * jnp.where(pg_mask, values, 0.0))
+    for name, values in loss_metrics.items():  # per-token values -> one number (metric_combine_rule)
+        rule = metric_combine_rule(name)
+        masked = jnp.where(pg_mask, values, metric_identity(name))
+        metrics[name] = (jnp.max(masked) if rule == "max" else jnp.min(masked) if rule == "min"
+                         else jnp.sum(weights.token * masked))
 
     if config.uses_off_policy_correction:
         if mu is None:
@@ -675,23 +673,36 @@ def minibatch_loss(logprobs, old_logprobs, advantages, loss_mask, config: LossCo
     return micro_batch_loss(logprobs, old_logprobs, advantages, loss_mask, weights, config, **kwargs)
 
 
+def metric_combine_rule(name: str) -> str:
+    """How the metric `name` combines over the parts of a mini-batch (micro-batches, shards, loss
+    tokens) and over the mini-batches of an RL step: the ONE definition of this rule.
+
+    Returns "max" for names ending in `_max`, "min" for `_min`, else "sum" (such metrics are
+    already normalised by the whole mini-batch, so parts add up; over the mini-batches of a step
+    the trainer takes their mean).
+    """
+    if name.endswith("_max"):
+        return "max"
+    if name.endswith("_min"):
+        return "min"
+    return "sum"
+
+
+def metric_identity(name: str) -> float:
+    """The neutral element of `metric_combine_rule(name)`: -inf (max), +inf (min) or 0.0 (sum)."""
+    return {"max": -jnp.inf, "min": jnp.inf, "sum": 0.0}[metric_combine_rule(name)]
+
+
 def combine_metrics(a: Dict[str, jax.Array], b: Dict[str, jax.Array]) -> Dict[str, jax.Array]:
     """Combine the metrics of two micro-batches / shards of the same mini-batch.
 
-    Keys ending in `_max` combine by max, `_min` by min, all others by sum (they are already
-    normalised by the whole mini-batch). Raises ValueError if the key sets differ.
+    Keys combine by `metric_combine_rule`: `_max` by max, `_min` by min, all others by sum (they
+    are already normalised by the whole mini-batch). Raises ValueError if the key sets differ.
     """
     if set(a) != set(b):
         raise ValueError(f"combine_metrics needs the same keys; got {sorted(a)} and {sorted(b)}.")
-    out = {}
-    for k in a:
-        if k.endswith("_max"):
-            out[k] = jnp.maximum(a[k], b[k])
-        elif k.endswith("_min"):
-            out[k] = jnp.minimum(a[k], b[k])
-        else:
-            out[k] = a[k] + b[k]
-    return out
+    ops = {"max": jnp.maximum, "min": jnp.minimum, "sum": lambda x, y: x + y}
+    return {k: ops[metric_combine_rule(k)](a[k], b[k]) for k in a}
 
 
 def split_rows(tree, num_micro_batches: int):
@@ -721,6 +732,8 @@ __all__ = [
     "entropy_from_logits",
     "gspo_loss",
     "kl_penalty",
+    "metric_combine_rule",
+    "metric_identity",
     "micro_batch_loss",
     "minibatch_loss",
     "needs_reference_model",

@@ -144,14 +144,9 @@ def _micro_loss(params, micro, weights, model_cfg, step_cfg: StepConfig):
         entropy=ent, is_truncated=micro.get("is_truncated"))
 
 
-def _combine(acc, new):
-    return {k: (jnp.maximum(acc[k], v) if k.endswith("_max") else jnp.minimum(acc[k], v) if k.endswith("_min")
-                else acc[k] + v) for k, v in new.items()}
-
-
 def _metric_init(shapes):
-    return {k: jnp.full(s.shape, -jnp.inf if k.endswith("_max") else jnp.inf if k.endswith("_min") else 0.0,
-                        jnp.float32) for k, s in shapes.items()}
+    """Accumulator start values of the micro-batch metrics (losses.metric_identity)."""
+    return {k: jnp.full(s.shape, losses.metric_identity(k), jnp.float32) for k, s in shapes.items()}
 
 
 def accumulate_gradients(params, batch: dict, weights: losses.LossWeights, model_cfg, step_cfg: StepConfig):
@@ -202,7 +197,7 @@ def accumulate_gradients(params, batch: dict, weights: losses.LossWeights, model
         mb, w = xs
         g, met = micro_grad(mb, w)
         g_acc = jax.tree.map(lambda a, b: a + b.astype(a.dtype), g_acc, g)
-        return (g_acc, _combine(met_acc, met)), None
+        return (g_acc, losses.combine_metrics(met_acc, met)), None
 
     init = (jax.tree.map(jnp.zeros_like, params), _metric_init(metric_shapes))
     (grads, metrics), _ = jax.lax.scan(body, init, (micro, wmicro))

@@ -1,0 +1,157 @@
+"""Opening what a run produced for `jaxrl.evaluate` and `jaxrl.chat`: a policy checkpoint and the
+run config it was trained under.
+
+A policy is one of
+* an HF-format checkpoint directory (config.json + safetensors + tokenizer): a run's exported
+  `best/`, the starting model, any Qwen3 checkpoint;
+* a published policy version, `WORKDIR/sync/<version>/` (Orbax shards in the engine's dtype): the
+  weights are read onto the run's starting model (`model.path`, or the embedded default policy),
+  whose tokenizer it uses.
+
+The run config is the run's `rl_config.json`: `best/rl_config.json` (the export carries it), or
+`WORKDIR/rl_config.json` for a published version; `--config` / `--run_config` name another.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional
+
+import ml_collections
+
+
+class PolicyError(ValueError):
+    """A policy directory or run config that cannot be used; the one-line message names it and the fix."""
+
+
+def is_sync_version(path: str) -> bool:
+    """True for a committed published policy version directory (`WORKDIR/sync/<version>/`)."""
+    from jaxrl.rollout.weight_sync import SYNC_FILE
+
+    return os.path.basename(os.path.normpath(path)).isdigit() and os.path.isfile(os.path.join(path, SYNC_FILE))
+
+
+def find_run_config(model: str) -> Optional[str]:
+    """The `rl_config.json` that belongs to the policy at `model`, or None: `model/rl_config.json`
+    (an exported best/), or the workdir's for a published version (`WORKDIR/sync/<v>`)."""
+    own = os.path.join(model, "rl_config.json")
+    if os.path.isfile(own):
+        return own
+    if is_sync_version(model):
+        workdir = os.path.dirname(os.path.dirname(os.path.abspath(model)))
+        path = os.path.join(workdir, "rl_config.json")
+        return path if os.path.isfile(path) else None
+    return None
+
+
+def _merge(dst: ml_collections.ConfigDict, src: dict, where: str, unknown: list) -> None:
+    for k, v in src.items():
+        if k not in dst:
+            unknown.append(f"{where}{k}")
+        elif isinstance(dst[k], ml_collections.ConfigDict):
+            if isinstance(v, dict):
+                _merge(dst[k], v, f"{where}{k}.", unknown)
+            else:
+                unknown.append(f"{where}{k}")
+        else:
+            dst[k] = tuple(v) if isinstance(v, list) else v
+
+
+def read_run_config(path: str) -> ml_collections.ConfigDict:
+    """A run's `rl_config.json` as a ConfigDict on top of `base_config()` (keys added to jaxrl
+    since the run take their defaults).
+
+    Raises:
+      PolicyError: unreadable or not a JSON object, or keys this jaxrl does not know (the file
+        comes from another version; the message lists them).
+    """
+    from jaxrl.config import base_config
+
+    try:
+        with open(path) as f:
+            obj = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise PolicyError(f"{path}: cannot read the run config ({e}). Fix: pass the run's rl_config.json") from None
+    if not isinstance(obj, dict):
+        raise PolicyError(f"{path}: the run config is not a JSON object. Fix: pass the run's rl_config.json")
+    c = base_config()
+    unknown: list[str] = []
+    try:
+        _merge(c, obj, "", unknown)
+    except (TypeError, ValueError) as e:  # ml_collections refuses a value of another type
+        raise PolicyError(f"{path}: {e}. Fix: pass an rl_config.json written by this jaxrl version") from None
+    if unknown:
+        raise PolicyError(f"{path}: keys this jaxrl does not know: {', '.join(unknown[:8])}. Fix: use the jaxrl "
+                          "version that wrote the run, or pass --config=<recipe> instead")
+    return c
+
+
+def load_engine(model: str, c: ml_collections.ConfigDict, *, dtype: Optional[str] = None, **sampler_kwargs):
+    """A JAX engine (`jaxrl.rollout.sampler.Sampler`) holding the policy at `model`.
+
+    Args:
+      model: an HF checkpoint directory or a published version directory (module docstring).
+      c: the run config (its `model.path` is the starting model of a published version).
+      dtype: compute dtype of the engine; default `c.model.compute_dtype` (the dtype the run's
+        rollouts and evaluations used).
+      sampler_kwargs: `max_seq_len`, `max_batch_rows`, ... for the Sampler.
+    Returns:
+      (sampler, tokenizer_dir, description): the engine, the directory whose tokenizer and chat
+      template go with it, and a short text naming what was loaded.
+    Raises:
+      PolicyError: `model` is neither kind of directory (or has no tokenizer).
+    """
+    from jaxrl.envs import DEFAULT_POLICY_DIR
+    from jaxrl.rollout.sampler import sampler_from_hf
+
+    dtype = dtype or c.model.compute_dtype
+    if not os.path.isdir(model):
+        raise PolicyError(f"--model {model!r} is not a directory. Fix: pass a run's best/ directory, an HF checkpoint "
+                          "or a published version WORKDIR/sync/<version>")
+    if is_sync_version(model):
+        base = c.model.path or DEFAULT_POLICY_DIR
+        version = int(os.path.basename(os.path.normpath(model)))
+        sampler = sampler_from_hf(base, dtype=dtype, **sampler_kwargs)
+        sampler.load_version(os.path.abspath(model), version)
+        return sampler, base, f"policy version {version} ({model}) on {base}"
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        hint = " (a run directory: use its best/ or sync/<version>)" if os.path.isfile(
+            os.path.join(model, "rl_config.json")) else ""
+        raise PolicyError(f"--model {model!r} is neither an HF checkpoint (no config.json) nor a published policy "
+                          f"version (no sync.json){hint}. Fix: pass a run's best/ directory, an HF checkpoint or "
+                          "WORKDIR/sync/<version>")
+    if not any(os.path.isfile(os.path.join(model, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise PolicyError(f"--model {model!r} has no tokenizer (tokenizer.json). Fix: copy the tokenizer files of the "
+                          "model it was trained from into it")
+    return sampler_from_hf(model, dtype=dtype, **sampler_kwargs), model, f"HF checkpoint {model}"
+
+
+def training_chat_template(tokenizer_dir: str, enable_thinking: bool):
+    """The `ChatTemplate` of `tokenizer_dir` as the trainer used it: the chat template without the
+    defaults an export baked in (`hf_io.strip_prompt_format`), with `enable_thinking` passed."""
+    from jaxrl.envs import ChatTemplate, load_tokenizer
+    from jaxrl.models import hf_io
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    tokenizer.chat_template = hf_io.strip_prompt_format(tokenizer.chat_template)
+    return ChatTemplate(tokenizer, enable_thinking=enable_thinking)
+
+
+def baked_prompt_format(tokenizer_dir: str):
+    """The `jaxrl.envs.chat.PromptFormat` a jaxrl export baked into the chat template of
+    `tokenizer_dir` (`hf_io.bake_prompt_format`), or None."""
+    from jaxrl.envs import load_tokenizer
+    from jaxrl.envs.chat import PromptFormat
+    from jaxrl.models import hf_io
+
+    meta = hf_io.read_prompt_format(load_tokenizer(tokenizer_dir).chat_template)
+    if meta is None:
+        return None
+    return PromptFormat(meta["system_prompt"], bool(meta["enable_thinking"]),
+                        num_system_prompts=int(meta["system_prompt"] is not None))
+
+
+def describe(value: Any) -> str:
+    """A short quoted form of a (possibly long) system prompt for one-line messages."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "...'"

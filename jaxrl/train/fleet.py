@@ -1,0 +1,187 @@
+"""The rollout fleet: the sidecar processes the trainer owns (or the external ones it is given),
+the client that spreads requests over them, weight publication, and restarts.
+
+Process 0 owns the fleet; every process writes its shards of a published version (`publish`).
+A sidecar that dies during generation or during a weight load is restarted once (it loads the
+newest committed version itself, `--resume-latest`) and the call is retried.
+"""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import sys
+import time
+from typing import Optional
+
+from jaxrl import config as config_lib
+from jaxrl import gpu_memory
+from jaxrl.envs import RolloutConfig, run_rollouts
+from jaxrl.rollout import weight_sync
+from jaxrl.rollout.client import SidecarClient, SidecarError
+from jaxrl.rollout.process import SidecarProcess
+from jaxrl.rollout.types import SamplingParams
+
+
+def sidecar_error_text(e: Exception) -> str:
+    """A sidecar failure as a CLI user should read it: one line, without hints that name Python
+    API (the client library suggests `SidecarProcess.restart()` to Python callers; the trainer
+    has already restarted the sidecars it owns when the error reaches the user)."""
+    text = " ".join(str(e).split())
+    return re.sub(r"\s*\([^()]*\b[A-Z]\w*\.\w+\(\)[^()]*\)", "", text)  # "(... SidecarProcess.restart())"
+
+
+def _maybe_kill_sidecar(point: str, version: int, sidecars) -> None:
+    """Fault injection: JAXRL_KILL_SIDECAR_AT="publish:<version>" SIGKILLs the first sidecar just
+    before it is asked to load policy version <version> (a sidecar dying during weight sync)."""
+    spec = os.environ.get("JAXRL_KILL_SIDECAR_AT", "")
+    if sidecars and spec == f"{point}:{version}":
+        sidecars[0].kill()
+
+
+class Fleet:
+    """Sidecars + client of one run. `start()` on process 0; `publish()` on every process.
+
+    Args:
+      c: the run config; workdir: the run directory (sidecar logs, token, `sync/`);
+      model_dir: the policy checkpoint the sidecars start from; chat: its `ChatTemplate`;
+      is_main: True on process 0 (the only one that talks to sidecars).
+    """
+
+    def __init__(self, c, workdir: str, model_dir: str, chat, is_main: bool):
+        self.c = c
+        self.workdir = workdir
+        self.model_dir = model_dir
+        self.chat = chat
+        self.is_main = is_main
+        self.sync_dir = os.path.join(workdir, "sync")
+        self.sidecars: list[SidecarProcess] = []
+        self.client: Optional[SidecarClient] = None
+        self.last_sync_seconds = 0.0
+        self.last_sync_bytes = 0
+
+    # -- processes ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Starts the trainer-owned sidecars (or connects to `generator.sidecar_urls`) and waits
+        until each is healthy.
+
+        Raises:
+          ConfigError: `generator.token_file` does not exist.
+          SidecarError / RuntimeError / TimeoutError: a sidecar did not come up.
+        """
+        c = self.c
+        rows = min(512, c.trainer.train_batch_size * c.generator.n_samples_per_prompt)
+        if c.generator.sidecar_urls:  # external sidecars (vLLM, or JAX ones started by launch/slurm_job.sh)
+            self.client = SidecarClient(list(c.generator.sidecar_urls), token_file=self.token_file(),
+                                        backend=c.generator.backend,
+                                        max_prompts_per_request=max(1, rows // c.generator.n_samples_per_prompt))
+            if c.generator.colocate_with_trainer:  # they must claim the configured share of the trainer's GPUs
+                gpu_memory.check_external_sidecars(c, self.client.health())
+            return
+        max_seq = self.rollout_cfg().max_seq_len
+        extra = ["--resume-latest", "--exit-with-parent", "--max-batch-rows", str(rows), "--max-seq-len", str(max_seq),
+                 "--dtype", c.model.compute_dtype, "--log-level", "warning",
+                 # request limits that admit every request this run sends (chunks of <= rows samples)
+                 "--max-n", str(max(256, c.generator.n_samples_per_prompt)), "--max-prompt-tokens", str(max_seq),
+                 "--max-total-tokens", str(max(1 << 25, rows * max_seq))]
+        env = {"XLA_FLAGS": "", "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", ""), **gpu_memory.sidecar_env(c)}
+        for i in range(c.generator.num_sidecars):
+            sp = SidecarProcess(self.model_dir, sync_dir=self.sync_dir, token_file=self.token_file(), extra_args=extra,
+                                env=env, log_path=os.path.join(self.workdir, f"sidecar_{i}.log"))
+            self.sidecars.append(sp.start())
+        for sp in self.sidecars:
+            sp.wait_healthy()
+        self.client = SidecarClient([sp.url for sp in self.sidecars], token_file=self.token_file(),
+                                    max_prompts_per_request=max(1, rows // c.generator.n_samples_per_prompt))
+
+    def token_file(self) -> str:
+        """The shared sidecar token file (`generator.token_file`, or workdir/.sidecar_token, created
+        0600). Raises ConfigError when a configured token file does not exist."""
+        if self.c.generator.token_file:
+            if not os.path.isfile(self.c.generator.token_file):
+                raise config_lib.ConfigError("generator.token_file", f"{self.c.generator.token_file!r} does not exist",
+                                             "point it at the token file the sidecars were started with")
+            return self.c.generator.token_file
+        path = os.path.join(self.workdir, ".sidecar_token")
+        if not os.path.exists(path):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(16))
+        return path
+
+    def close(self) -> None:
+        """Stops the trainer-owned sidecars and closes the client."""
+        for sp in self.sidecars:
+            sp.stop()
+        if self.client is not None:
+            self.client.close()
+
+    def restart_dead(self) -> bool:
+        """Restarts every trainer-owned sidecar process that has exited; True if any had.
+
+        A restarted sidecar loads the newest committed policy version itself (--resume-latest).
+        Raises:
+          SidecarError: a sidecar did not come back (one line naming its log file).
+        """
+        dead = [sp for sp in self.sidecars if not sp.alive()]
+        for sp in dead:
+            print(f"jaxrl: sidecar {sp.url} died (exit code {sp.returncode}); restarting", file=sys.stderr)
+            try:
+                sp.restart()
+            except (RuntimeError, TimeoutError) as e:
+                raise SidecarError(sp.url, f"did not restart ({str(e).splitlines()[0]}); see its log "
+                                           f"{sp.log_path}") from None
+        return bool(dead)
+
+    def with_restart(self, what: str, fn):
+        """Runs `fn()`; if it fails because a sidecar died, restarts the dead sidecars and runs it
+        once more. Both rollouts and weight loads go through here, so a sidecar killed at any
+        point is restarted the same way.
+
+        Raises:
+          SidecarError: the retry failed too, or no sidecar had died (a refusal, an external
+            sidecar that is down); the message says what failed, without library internals.
+        """
+        try:
+            return fn()
+        except SidecarError as e:
+            if not self.restart_dead():
+                raise
+            first = e
+        try:
+            return fn()
+        except SidecarError as e:
+            logs = ", ".join(sp.log_path for sp in self.sidecars)
+            raise SidecarError(e.url, f"{what} failed again after restarting the sidecar that died ({first}); "
+                                      f"sidecar logs: {logs}") from None
+
+    # -- weights --------------------------------------------------------------------------------
+    def publish(self, params, version: int) -> None:
+        """Every process writes its shards of version `version` (`params` already in the engine's
+        compute dtype, on the device, so trainer and engine hold the same weights); process 0 then
+        has the sidecars load it, restarting a sidecar that died (also during the load) and loading
+        again. Sets `last_sync_seconds` and `last_sync_bytes`."""
+        t0 = time.perf_counter()
+        stats = weight_sync.publish(params, self.sync_dir, version, keep=self.c.trainer.weight_sync_keep,
+                                    dtype=self.c.model.compute_dtype)
+        if self.is_main:
+            path = weight_sync.version_path(self.sync_dir, version)
+            _maybe_kill_sidecar("publish", version, self.sidecars)
+            self.with_restart(f"loading policy version {version}", lambda: self.client.load_weights(version, path))
+        self.last_sync_seconds = time.perf_counter() - t0
+        self.last_sync_bytes = stats.bytes
+
+    # -- generation -----------------------------------------------------------------------------
+    def rollout_cfg(self, n: Optional[int] = None) -> RolloutConfig:
+        """The rollout loop's limits (generator.*; `n` samples per prompt, default the run's)."""
+        g = self.c.generator
+        max_seq = config_lib.rollout_max_seq_len(self.c)
+        return RolloutConfig(n_samples_per_prompt=n or g.n_samples_per_prompt, max_turns=g.max_turns,
+                             max_tokens_per_turn=g.sampling_params.max_generate_length, max_seq_len=max_seq,
+                             execute_truncated_turns=g.execute_truncated_turns)
+
+    def generate(self, tasks, sampling: SamplingParams, n: int):
+        """`n` trajectories per task through the rollout loop (process 0), restarting a sidecar
+        that dies and generating again."""
+        return self.with_restart(
+            "generation", lambda: run_rollouts(self.client, self.chat, tasks, sampling, self.rollout_cfg(n)))

@@ -1,0 +1,145 @@
+"""Checkpoints of a run as the trainer uses them: save (with the best-EMA bookkeeping and
+retention), restore, resume past damaged checkpoints, the initial policy, and the HF export of
+the best checkpoint. Storage itself is `checkpoint.CheckpointStore` (Orbax)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+
+import jax
+
+from jaxrl.models import hf_io
+from jaxrl.train.checkpoint import (CheckpointStore, collect_unraisable, is_damage_error, replay_unraisable,
+                                   silence_unraisable_about)
+from jaxrl.train.multihost import all_processes_ok
+from jaxrl.train.rundir import CheckpointError, TrainerState, maybe_kill, one_line
+
+
+class Checkpoints:
+    """The run's checkpoints under `workdir/checkpoints`.
+
+    Args:
+      c: the run config; workdir: the run directory; learner: gives the sharded abstract
+      (params, opt_state) to restore into; mesh, model_dir, model_cfg, state_param_sharding: to
+      load the initial policy placed like the training state.
+    """
+
+    def __init__(self, c, workdir: str, learner, mesh, model_dir: str, model_cfg, state_param_sharding):
+        self.c = c
+        self.workdir = workdir
+        self.learner = learner
+        self.mesh = mesh
+        self.model_dir = model_dir
+        self.model_cfg = model_cfg
+        self.state_param_sharding = state_param_sharding
+        self.store = CheckpointStore(workdir, max_to_keep=c.trainer.max_ckpts_to_keep)
+
+    def save(self, step: int, params, opt_state, state: TrainerState, ema) -> None:
+        """Checkpoints `step` with `state` (updated in place: step, data position, EMA, best),
+        then prunes: the last `max_ckpts_to_keep` steps and the best stay.
+
+        The best checkpoint is the saved step with the highest reward EMA; on a tie the earlier
+        step stays best. It is recorded in the trainer state that is saved with the step, and it
+        is the only step retention protects, so it is on disk whenever a checkpoint names it.
+        """
+        state.step = step
+        state.data_position = step * self.c.trainer.train_batch_size
+        state.ema = ema.state_dict()
+        if ema.value is not None and ema.value > state.best_ckpt_ema:
+            state.best_ckpt_step, state.best_ckpt_ema = step, float(ema.value)
+        self.store.save(step, params, opt_state, dataclasses.asdict(state))
+        maybe_kill("save", step)  # the async write is in flight here
+        self.store.wait()
+        self.store.prune(protect=[state.best_ckpt_step])
+
+    def restore(self, step: int):
+        """(params, opt_state, trainer-state dict) of committed step `step`."""
+        abstract_p, abstract_o = self.learner.abstract_state()
+        return self.store.restore(step, abstract_p, abstract_o)
+
+    def initial_params(self):
+        """The starting policy (the HF checkpoint of `model.path`), sharded and placed like the
+        training state."""
+        with jax.set_mesh(self.mesh):
+            return hf_io.load_hf_checkpoint(self.model_dir, self.model_cfg, shardings=self.state_param_sharding)[1]
+
+    def resume(self):
+        """Restores the newest readable committed checkpoint.
+
+        A checkpoint that cannot be read (a truncated or corrupt file) is reported in one line
+        and moved to `checkpoints_damaged/`, and the previous committed one is used; when none is
+        readable the run stops with one line naming them. If the best checkpoint the restored
+        state names is gone (it was the damaged one), the best is re-chosen among the steps on
+        disk by the reward EMA each recorded.
+
+        Returns: (step, params, opt_state, TrainerState), or None when there is no checkpoint.
+        Raises:
+          CheckpointError: every committed checkpoint is damaged.
+        """
+        steps = self.store.all_steps()
+        damaged = []
+        with collect_unraisable() as library_noise:  # Orbax's per-array tracebacks of a failed read
+            for step in reversed(steps):
+                try:
+                    params, opt_state, ts = self.restore(step)
+                    error = ""
+                except Exception as e:  # noqa: BLE001 - classified by is_damage_error
+                    if not is_damage_error(e):
+                        raise
+                    error = one_line(e)
+                if all_processes_ok(not error, f"resume_{step}"):
+                    break
+                damaged.append((step, error or "unreadable on another process"))
+        if damaged:  # their abandoned reads may still be finalized later: keep them quiet
+            silence_unraisable_about(os.path.join(self.store.directory, str(s)) + os.sep for s, _ in damaged)
+        else:
+            replay_unraisable(library_noise)  # nothing to do with a damaged checkpoint: show it
+        if len(damaged) == len(steps):
+            if not steps:
+                return None
+            raise CheckpointError(
+                f"every checkpoint in {self.store.directory} is damaged ({'; '.join(f'step {s}: {e}' for s, e in damaged)})"
+                f". Fix: restore the files, or start over with a new --workdir")
+        for bad, error in damaged:
+            moved = self.store.set_aside(bad)
+            msg = (f"checkpoint {bad} in {self.store.directory} is damaged ({error}); moved it to {moved} and "
+                   f"resumed from step {step}")
+            print(f"jaxrl: warning: {msg}", file=sys.stderr)
+        state = TrainerState.from_dict(ts, where=f"{self.store.directory}/{step}/trainer_state")
+        state.events.extend(f"checkpoint {bad} was damaged ({error}); resumed from step {step}" for bad, error in damaged)
+        on_disk = self.store.all_steps()
+        if state.best_ckpt_step not in on_disk:
+            emas = {}  # the step just restored is always a candidate
+            for s in (s for s in on_disk if s <= step):
+                try:
+                    emas[s] = float(self.store.restore_trainer_state(s)["ema"]["value"])
+                except Exception as e:  # noqa: BLE001 - a damaged older checkpoint is just not a candidate
+                    if not is_damage_error(e):
+                        raise
+            best = max(emas, key=lambda s: (emas[s], -s))  # highest EMA; the earlier step on a tie
+            print(f"jaxrl: warning: the best checkpoint {state.best_ckpt_step} is gone; the best is now step {best} "
+                  f"(EMA {emas[best]:.4f}) among the steps on disk {on_disk}", file=sys.stderr)
+            state.best_ckpt_step, state.best_ckpt_ema = best, float(emas[best])
+        self.store.prune(protect=[state.best_ckpt_step])  # leftovers of a run killed before its prune
+        return step, params, opt_state, state
+
+    def export_hf(self, params, is_main: bool) -> None:
+        """Writes `params` as an HF checkpoint (float32, with the tokenizer and rl_config.json) to
+        `workdir/best/`, replacing it atomically (a temp directory, then a rename)."""
+        if jax.process_count() > 1:  # the exporter reads whole tensors on process 0
+            from jax.experimental import multihost_utils
+
+            params = multihost_utils.process_allgather(params, tiled=True)
+        if is_main:
+            out = os.path.join(self.workdir, "best")
+            tmp = out + ".tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            hf_io.save_hf_checkpoint(params, self.model_cfg, tmp, dtype="float32", tokenizer_dir=self.model_dir)
+            shutil.copy(os.path.join(self.workdir, "rl_config.json"), os.path.join(tmp, "rl_config.json"))
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(tmp, out)
+
+    def close(self) -> None:
+        self.store.close()

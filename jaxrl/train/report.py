@@ -1,0 +1,94 @@
+"""What the user reads: the end-of-run `report.md` text and the progress bar over RL steps."""
+from __future__ import annotations
+
+import numpy as np
+
+from jaxrl.train.rundir import TrainerState
+
+
+class NoLogger:
+    """Stands in for `metrics.RunLogger` on processes other than 0."""
+
+    rows: list = []
+
+    def log_step(self, *a, **k):
+        pass
+
+    def log_trials(self, *a, **k):
+        pass
+
+    def update_step(self, *a, **k):
+        pass
+
+    def close(self):
+        pass
+
+
+def report_text(c, summary, rows, state: TrainerState, collapsed: bool) -> str:
+    """The markdown of `report.md`: recipe, result (best step, held-out success), events, and
+    the mean time per step of each phase."""
+    a = c.trainer.algorithm
+    timing_keys = sorted({k for r in rows for k in r if k.startswith("timing/")})
+    timing_lines = [f"| {k[7:]} | {np.mean([float(r[k]) for r in rows if k in r and r['step'] > 0] or [0]):.2f} |"
+                    for k in timing_keys]
+    last = rows[-1] if rows else {}
+    lines = [
+        f"# jaxrl run report: {c.name} ({c.scale})", "",
+        "## Recipe", "",
+        f"- advantage estimator `{a.advantage_estimator}`, policy loss `{a.policy_loss_type}` "
+        f"(eps_clip_low {a.eps_clip_low}, eps_clip_high {a.eps_clip_high}), reduction `{a.loss_reduction}`",
+        f"- kl_loss_coef {a.kl_loss_coef}, TIS `{a.off_policy_correction.tis_ratio_type or 'off'}`, "
+        f"lr {c.trainer.optimizer.lr} (scale now {state.lr_scale:g}), grad clip {c.trainer.optimizer.max_grad_norm}",
+        f"- {c.trainer.train_batch_size} prompts x {c.generator.n_samples_per_prompt} samples per step, "
+        f"mini-batch {c.trainer.mini_batch_size} prompts, micro-batch {c.trainer.micro_batch_size} sequences",
+        f"- policy `{c.model.path or 'embedded default'}`, task `{c.data.task}`", "",
+        "## Result", "",
+        f"- steps run: {summary['last_step']} of {c.trainer.num_steps}; wall time {summary['wall_s'] / 60:.1f} min",
+        f"- best step by reward EMA (span {c.trainer.ema_span}): **{summary['best_step']}** "
+        f"(EMA {summary['best_ema']:.3f})",
+        eval_line(c, summary),
+        f"- final step: mean reward {float(last.get('reward/avg_raw_reward', float('nan'))):.3f}, "
+        f"EMA {float(last.get('reward/ema', float('nan'))):.3f}",
+        f"- skipped (non-finite) updates: {state.skipped_updates}", "",
+        "## Events", "",
+        *([f"- {e}" for e in state.events] or ["- none"]),
+        *(["- the run stopped after a reward collapse"] if collapsed else []), "",
+        "## Mean time per step (s)", "", "| phase | seconds |", "|---|---|", *timing_lines, "",
+        "![reward](reward_plot.png)", "",
+    ]
+    return "\n".join(lines)
+
+
+def eval_line(c, summary) -> str:
+    """The report's held-out line; says why there is no number when evaluation is off."""
+    def fmt(x):
+        return "n/a" if x is None else f"{100 * x:.1f}%"
+
+    if c.data.num_eval_prompts == 0:
+        return "- held-out success: not evaluated (data.num_eval_prompts=0)"
+    if not (c.data.eval_task or c.data.task != "dataset"):
+        return "- held-out success: not evaluated (no held-out task: set data.eval_task to a built-in task)"
+    return (f"- held-out success (reward >= {c.trainer.success_threshold:g}): start "
+            f"{fmt(summary.get('initial_eval'))} -> best-EMA checkpoint {fmt(summary.get('best_eval'))}")
+
+
+class Progress:
+    """A tqdm bar over RL steps showing reward, EMA and step time (silent when disabled)."""
+
+    def __init__(self, start: int, total: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=start, desc="rl", unit="step", dynamic_ncols=True)
+        self.last = start
+
+    def update(self, step: int, reward: float, ema: float, seconds: float):
+        if self.bar is not None:
+            self.bar.update(step - self.last)
+            self.bar.set_postfix(reward=f"{reward:.3f}", ema=f"{ema:.3f}", step_s=f"{seconds:.1f}")
+        self.last = step
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,133 @@
+"""The run directory's small contracts: the trainer state saved with every checkpoint, the
+resolved config a resumed run must match, the errors that name a run file and its fix, and the
+fault injection the kill tests use."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Optional
+
+from jaxrl import config as config_lib
+
+# Keys that may differ between the rl_config.json of a run and the command that resumes it
+# (sidecar URLs: a resubmitted cluster job gets other nodes for its engines; the optimizer offload
+# only moves the state between device and host memory).
+RESUMABLE_CHANGES = ("trainer.num_steps", "generator.sidecar_urls", "trainer.optimizer.offload")
+
+# Fault injection for the kill tests: JAXRL_KILL_AT="<point>:<step>" makes the trainer SIGKILL
+# itself at that point of that step (points: "generate" = after the first rollout turn was
+# generated, "save" = while the checkpoint of the step is being written).
+KILL_ENV = "JAXRL_KILL_AT"
+
+
+def maybe_kill(point: str, step: int) -> None:
+    """SIGKILLs this process when `JAXRL_KILL_AT` is "<point>:<step>" (fault injection)."""
+    spec = os.environ.get(KILL_ENV, "")
+    if spec and spec == f"{point}:{step}":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class RunDirError(RuntimeError):
+    """A file of the run directory cannot be used; the one-line message names it and the fix."""
+
+
+class CheckpointError(RunDirError):
+    """No usable checkpoint to resume from; the message names the files and the fix."""
+
+
+def read_json_object(path: str, what: str, fix: str) -> dict:
+    """The JSON object stored in `path`.
+
+    Raises:
+      RunDirError: unreadable, not UTF-8, not JSON, or JSON that is not an object; one line
+        naming `path`, what it should be (`what`) and `fix`.
+    """
+    try:
+        with open(path, "rb") as f:
+            obj = json.loads(f.read().decode("utf-8"))
+    except OSError as e:
+        raise RunDirError(f"{path}: cannot read the {what} ({e.strerror}). Fix: {fix}") from None
+    except UnicodeDecodeError:
+        raise RunDirError(f"{path}: the {what} is not text (binary or non-UTF-8 bytes). Fix: {fix}") from None
+    except json.JSONDecodeError as e:
+        raise RunDirError(f"{path}: the {what} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}). "
+                          f"Fix: {fix}") from None
+    if not isinstance(obj, dict):
+        raise RunDirError(f"{path}: the {what} must be a JSON object, found a JSON {type(obj).__name__}. Fix: {fix}")
+    return obj
+
+
+def one_line(e: BaseException, limit: int = 160) -> str:
+    """`Type: message` of an exception on one line (long library messages cut at `limit`)."""
+    text = " ".join(f"{type(e).__name__}: {e}".split())
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def check_resume_config(c, workdir: str, write: bool) -> None:
+    """Compares `c` with the `rl_config.json` of a run already in `workdir` (keys in
+    `RESUMABLE_CHANGES` may differ), then writes `c` there when `write` (process 0).
+
+    Raises:
+      ConfigError: the workdir holds a run with another config (names the first differing key).
+      RunDirError: its rl_config.json cannot be read.
+    """
+    path = os.path.join(workdir, "rl_config.json")
+    new = config_lib.to_json_dict(c)
+    if os.path.exists(path):
+        old = read_json_object(path, "resolved config of the run in this workdir",
+                               "restore the file, delete it to resume under the config of this command, "
+                               "or use a new --workdir")
+        a, b = _flatten(old), _flatten(new)
+        diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES)
+        if diff:
+            raise config_lib.ConfigError(
+                diff[0], f"the workdir {workdir} holds a run with a different config "
+                f"(differs in: {', '.join(diff[:8])})", "resume with the same command, or use a new --workdir")
+    if write:
+        config_lib.write_json_atomic(path, new)
+
+
+@dataclasses.dataclass
+class TrainerState:
+    """What a checkpoint stores besides params and optimizer state (JSON)."""
+
+    step: int = 0
+    policy_version: int = 0
+    ema: dict = dataclasses.field(default_factory=dict)
+    lr_scale: float = 1.0
+    rollbacks: int = 0
+    skipped_updates: int = 0
+    events: list = dataclasses.field(default_factory=list)
+    initial_eval: Optional[float] = None
+    data_position: int = 0  # prompts consumed (= step * train_batch_size)
+    best_ckpt_step: int = -1  # the saved step with the highest reward EMA (what best/ exports)
+    best_ckpt_ema: float = -math.inf
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str) -> "TrainerState":
+        """The state saved in a checkpoint; fields added since it was written take their defaults.
+
+        Raises:
+          CheckpointError: unknown fields (written by another jaxrl version), naming `where`.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise CheckpointError(f"{where}: unknown trainer-state fields {unknown} (written by another jaxrl "
+                                  "version). Fix: resume with the jaxrl version that wrote it, or use a new --workdir")
+        return cls(**d)

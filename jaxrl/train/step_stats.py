@@ -1,0 +1,82 @@
+"""The run-log metrics of one RL step's batch (rewards, tokens, excluded trajectories, the
+trainer-vs-engine logprob gap) and its per-trajectory rows (SkyRL names where the concept is the
+same; DESIGN.md §7)."""
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import numpy as np
+
+from jaxrl import config as config_lib
+from jaxrl.envs import Trajectory
+from jaxrl.train.batching import EXCLUDED_STOP_REASONS, excluded_detail, is_excluded
+
+
+def batch_metrics(c, step: int, trajs, rewards: np.ndarray, advantages: np.ndarray, batch: dict, diffs,
+                  is_main: bool) -> dict[str, Any]:
+    """`reward/*`, `rollout/logprob_diff_*`, `generate/*` and `loss/avg_raw_advantages*` of a step.
+
+    Args:
+      trajs: the step's trajectories (process 0; None elsewhere); rewards, advantages: `[N]`
+        float32; batch: the packed batch (`batching.pack_trajectories`); diffs: one
+        `learner.logprob_diff` triple per mini-batch. Warnings (logprob gap over
+      `trainer.logprob_diff_warn_threshold`, excluded trajectories) go to stderr on process 0.
+    """
+    n = c.generator.n_samples_per_prompt
+    m: dict[str, Any] = {}
+    grouped = rewards.reshape(-1, n)
+    success = c.trainer.success_threshold
+    m["reward/avg_raw_reward"] = float(rewards.mean())
+    m[f"reward/avg_pass_at_{n}"] = float(np.mean(grouped.max(axis=1) >= success))
+    m["reward/success_rate"] = float(np.mean(rewards >= success))
+    # Trainer (pi_old) vs engine (mu) logprobs on the loss tokens: ~1e-6 when both hold the
+    # same float32 weights; larger in bf16 (see docs/numerics.md).
+    total, count = sum(float(d[0]) for d in diffs), sum(float(d[1]) for d in diffs)
+    m["rollout/logprob_diff_mean"] = total / max(count, 1.0)
+    m["rollout/logprob_diff_max"] = max(float(d[2]) for d in diffs)
+    bound = config_lib.logprob_diff_warn_threshold(c)
+    if is_main and bound > 0 and m["rollout/logprob_diff_max"] > bound:
+        print(f"jaxrl: warning: step {step}: trainer and rollout engine logprobs differ by up to "
+              f"{m['rollout/logprob_diff_max']:.3g} (mean {m['rollout/logprob_diff_mean']:.3g}) on the loss "
+              f"tokens, above trainer.logprob_diff_warn_threshold={bound:g}; the engine does not sample from "
+              "the policy the trainer optimizes (see docs/numerics.md)", file=sys.stderr)
+    if is_main:
+        excluded = [t for t in trajs if is_excluded(t)]
+        for reason in EXCLUDED_STOP_REASONS:
+            m[f"generate/num_excluded_{reason}"] = sum(t.stop_reason == reason for t in excluded)
+        if excluded:
+            shown = "; ".join(f"{t.stop_reason} task {t.info.get('task_id') or '?'} group {t.group_id} sample "
+                              f"{t.info.get('sample_index', 0)}: {excluded_detail(t)}" for t in excluded[:4])
+            more = f"; ... {len(excluded) - 4} more in trial_stats.csv" if len(excluded) > 4 else ""
+            print(f"jaxrl: step {step}: {len(excluded)} of {len(trajs)} trajectories excluded from the loss "
+                  f"({shown}{more})", file=sys.stderr)
+    m["loss/avg_raw_advantages"] = float(advantages.mean())
+    m["loss/avg_raw_advantages_abs"] = float(np.abs(advantages).mean())
+    ntok = batch["loss_mask"].sum(axis=1)
+    m["generate/avg_num_tokens"] = float(ntok.mean())
+    m["generate/max_num_tokens"] = float(ntok.max())
+    m["generate/min_num_tokens"] = float(ntok.min())
+    m["generate/truncated_ratio"] = float(np.mean(batch["is_truncated"]))
+    m["generate/batch_padded_seq_len"] = float(batch["tokens"].shape[1])
+    return m
+
+
+def decode_for_log(tokenizer, ids) -> str:
+    """Text of token ids for the rollout logs; ids the tokenizer cannot decode (an engine's
+    invalid output) are shown as numbers instead of failing the step."""
+    try:
+        return tokenizer.decode([int(i) for i in ids])
+    except Exception:  # out-of-vocabulary ids from a faulty engine
+        return f"<undecodable token ids {[int(i) for i in ids][:64]}>"
+
+
+def trial_rows(trajs: list[Trajectory], advantages: np.ndarray, decode: Callable) -> list[dict[str, Any]]:
+    """One `trial_stats.csv` / `rollouts/step_*.jsonl` row per trajectory."""
+    return [{"group_id": t.group_id, "sample_index": t.info.get("sample_index", 0), "reward": t.reward,
+             "advantage": float(a), "num_tokens": int(t.loss_mask.sum()), "num_turns": t.num_turns,
+             "stop_reason": t.stop_reason, "policy_version": t.policy_version,
+             "task_id": t.info.get("task_id", ""), "excluded": int(is_excluded(t)),
+             "error": excluded_detail(t) if is_excluded(t) else "",
+             "prompt": decode(t.prompt_ids), "response": decode(t.response_ids)}
+            for t, a in zip(trajs or [], advantages)]

@@ -184,8 +184,8 @@ KEY_DOCS: dict[str, str] = {
                    "save_dots_attention",
     "model.attention_impl": "attention kernel: xla (blocked flash, any backend) | cudnn (NVIDIA GPU) | splash (TPU)",
     "model.logprobs_chunk_size": "tokens per chunk of the chunked log-softmax (never builds [N, T, vocab])",
-    "model.logprobs_save_probs": "True: the train step keeps exp(logits - max) of every token in the compute dtype "
-                                 "(tokens x vocab values) instead of recomputing the logits in the backward pass",
+    "model.logprobs_save_probs": "keep exp(logits - max), tokens x vocab in the compute dtype, for the backward "
+                                 "pass (no logits recompute)",
     "model.preset": "Qwen3 size (e.g. '8B') that jaxrl.plan compiles when model.path is ''",
     # mesh
     "mesh.data": "devices on the data-parallel mesh axis; -1 = all remaining devices",

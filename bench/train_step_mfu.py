@@ -86,9 +86,12 @@ def parse_variant(spec: str, defaults: dict) -> dict:
 
 # --- the log-softmax before the custom VJP (A/B only): autodiff through a rematerialized chunk ---
 
-def _legacy_logprobs_from_hidden(hidden, head_w, targets, temperature=1.0, chunk_size=512):
+def _legacy_logprobs_from_hidden(hidden, head_w, targets, temperature=1.0, chunk_size=512, save_probs=False):
     import jax
     import jax.numpy as jnp
+
+    if save_probs:
+        raise ValueError("head=legacy recomputes the logits; it cannot be combined with probs=save")
 
     @jax.custom_vjp
     def head_logits(h, w):

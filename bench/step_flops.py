@@ -143,11 +143,25 @@ def _parse_hlo(text: str):
     return comps, entry
 
 
-def hlo_bytes(text: str) -> dict:
+def called_branches(x: dict, branches: str = "all") -> list:
+    """Computations a parsed ``conditional`` / ``call`` instruction runs: all of them, or
+    (``branches='last'``) only the last branch of a conditional: ``lax.cond``'s true branch."""
+    if x["op"] == "conditional" and branches == "last":
+        m = re.search(r"true_computation=%([\w.\-]+)", x["attrs"])
+        if m:
+            return [m.group(1)]
+        m = re.search(r"branch_computations=\{([^}]*)\}", x["attrs"])
+        return re.findall(r"%([\w.\-]+)", m.group(1))[-1:] if m else []
+    return re.findall(r"%([\w.\-]+)", x["attrs"])
+
+
+def hlo_bytes(text: str, branches: str = "all") -> dict:
     """Bytes read + written by the top-level instructions of an optimized HLO module (each fusion
     counted once with its operands and result; while bodies times their known trip count; a fusion
-    whose root is a dynamic-update-slice counted as twice its update). A proxy for memory traffic
-    on a backend that materializes every top-level result; returns {op kind: bytes} plus 'total'."""
+    whose root is a dynamic-update-slice counted as twice its update; every branch of a
+    conditional, or with ``branches='last'`` only the last, see :func:`called_branches`). A proxy
+    for memory traffic on a backend that materializes every top-level result; returns {op kind:
+    bytes} plus 'total'."""
     comps, entry = _parse_hlo(text)
     acc = collections.Counter()
 
@@ -163,7 +177,7 @@ def hlo_bytes(text: str) -> dict:
                 walk(body, mult * (int(n.group(1)) if n else 1))
                 continue
             if x["op"] in ("conditional", "call"):
-                for c in re.findall(r"%([\w.\-]+)", x["attrs"]):
+                for c in called_branches(x, branches):
                     walk(c, mult)
                 continue
             out_b, in_b, kind = _shape_bytes(x["shape"]), [_shape_bytes(shapes.get(o, "")) for o in x["operands"]], x["op"]

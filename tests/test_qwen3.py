@@ -332,6 +332,74 @@ def test_saved_probabilities_keep_the_gradient_of_a_nearly_certain_target():
     assert err < 0.02, err
 
 
+def test_chunked_head_equals_autodiff_of_a_full_log_softmax():
+    """The custom VJP of `logprobs_from_hidden` (logits cotangent written by hand, head gradient
+    accumulated over chunks; float32 logits by design) against jax.grad of a naive full-vocabulary
+    log_softmax in float64 on the same float32 inputs: values and gradients for h, w and the
+    temperature (0.5 and 2.0) agree to float32 rounding, for chunk sizes that divide T (1, 7), do
+    not (3, 4: the tail is padded) and exceed it (16), recomputing the logits or reading the saved
+    probabilities."""
+    rng = np.random.default_rng(23)
+    B, T, E, V = 2, 7, 6, 13
+    h = rng.standard_normal((B, T, E)).astype(np.float32)
+    w = rng.standard_normal((E, V)).astype(np.float32)
+    t = rng.integers(0, V, (B, T)).astype(np.int32)
+    t[0, 0], t[1, -1] = 0, V - 1                       # both ends of the vocabulary
+    a = rng.standard_normal((B, T)).astype(np.float32)
+    b = (0.5 * rng.standard_normal((B, T))).astype(np.float32)
+
+    def value_and_grad(f):
+        def obj(h, w, temp):
+            lp, ent = f(h, w, temp)
+            return jnp.sum(a * lp + b * ent), (lp, ent)
+        return jax.jit(jax.value_and_grad(obj, argnums=(0, 1, 2), has_aux=True))
+
+    def naive(h, w, temp):
+        ls = jax.nn.log_softmax(jnp.einsum("bte,ev->btv", h, w) / temp, axis=-1)
+        lp = jnp.take_along_axis(ls, jnp.asarray(t)[..., None], -1)[..., 0]
+        return lp, -jnp.sum(jnp.exp(ls) * ls, -1)
+
+    refs = {}
+    with jax.enable_x64(True):
+        for temp in (0.5, 2.0):
+            (_, vals), grads = value_and_grad(naive)(np.float64(h), np.float64(w), np.float64(temp))
+            refs[temp] = [np.asarray(x) for x in (*vals, *grads)]
+            assert all(x.dtype == np.float64 for x in refs[temp])
+            assert np.abs(refs[temp][-1]) > 0.1   # the temperature gradient is not trivially zero
+    for chunk in (1, 3, 4, 7, 16):
+        for save_probs in (False, True):
+            fn = value_and_grad(lambda h, w, temp, c=chunk, s=save_probs: qwen3.logprobs_from_hidden(
+                h, w, t, temp, chunk_size=c, save_probs=s))
+            for temp, ref in refs.items():
+                (_, vals), grads = fn(h, w, jnp.float32(temp))
+                for name, x, y in zip(("lp", "ent", "dh", "dw", "dT"), (*vals, *grads), ref):
+                    np.testing.assert_allclose(np.asarray(x), y, rtol=0, atol=1e-5 * np.abs(y).max(),
+                                               err_msg=f"{name}, chunk {chunk}, save_probs {save_probs}, T {temp}")
+
+
+def test_saved_probabilities_give_the_gradients_of_the_recompute_in_float32():
+    """model.logprobs_save_probs on and off: the same values (bit for bit: the forward pass is the
+    same program) and, in float32, the same gradients up to float32 rounding (the backward pass
+    reads z = m + log(exp(z - m)) instead of the recomputed z)."""
+    rng = np.random.default_rng(4)
+    B, T, E, V = 3, 10, 16, 97
+    h = jnp.asarray(rng.standard_normal((B, T, E)), jnp.float32)
+    w = jnp.asarray(0.5 * rng.standard_normal((E, V)), jnp.float32)
+    t = rng.integers(0, V, (B, T)).astype(np.int32)
+    a, b = rng.standard_normal((B, T)), 0.5 * rng.standard_normal((B, T))
+    out = {}
+    for save_probs in (False, True):
+        f = lambda h, w, s=save_probs: qwen3.logprobs_from_hidden(h, w, t, 0.9, chunk_size=4, save_probs=s)
+        loss = lambda h, w, f=f: jnp.sum(jnp.asarray(a, jnp.float32) * f(h, w)[0]
+                                         + jnp.asarray(b, jnp.float32) * f(h, w)[1])
+        out[save_probs] = jax.jit(f)(h, w), jax.jit(jax.grad(loss, argnums=(0, 1)))(h, w)
+    for x, y in zip(jax.tree.leaves(out[False][0]), jax.tree.leaves(out[True][0])):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    for x, y in zip(out[False][1], out[True][1]):
+        x, y = np.asarray(x), np.asarray(y)
+        assert np.abs(x - y).max() <= 1e-5 * np.abs(x).max(), np.abs(x - y).max() / np.abs(x).max()
+
+
 # ---------------------------------------------------------------------------------------------
 # KV cache
 # ---------------------------------------------------------------------------------------------

@@ -367,3 +367,32 @@ def test_save_probs_drops_the_logits_recompute_from_the_train_step():
         counts[save] = len(_head_matmuls(jaxpr.jaxpr, 997, []))
     assert counts == {False: 4, True: 3}
 
+
+
+def test_save_probs_leaves_the_step_gradient_and_its_micro_batch_invariance_unchanged():
+    """model.logprobs_save_probs on (four micro-batches) and off (one) give the same accumulated
+    gradient, loss and entropy (float32: rounding only); independently, the gradient equals
+    jax.grad of the REINFORCE objective computed with a full-vocabulary log_softmax of the
+    model's logits (on-policy PPO: ratio 1)."""
+    params = qwen3.init_params(CFG, seed=3)
+    batch = _with_old_logprobs(params, _batch(seed=5))
+    lcfg = losses.LossConfig(eps_clip_low=0.2, eps_clip_high=0.05)
+    weights = losses.compute_loss_weights(batch["loss_mask"], lcfg)
+    out = {}
+    for save, k in ((False, 1), (True, 4)):
+        scfg = step_lib.StepConfig(loss=lcfg, num_micro_batches=k, chunk_size=4, save_probs=save)
+        g, met = jax.jit(lambda p, b: step_lib.accumulate_gradients(p, b, weights, CFG, scfg))(params, batch)
+        out[save, k] = jax.tree.leaves(g), met
+
+    def reinforce(p):
+        z = qwen3.forward(p, CFG, batch["tokens"], batch["positions"], batch["segment_ids"])[:, :-1]
+        lp = jnp.take_along_axis(jax.nn.log_softmax(z), batch["tokens"][:, 1:, None], -1)[..., 0]
+        return -jnp.sum(weights.policy * batch["advantages"] * lp)
+
+    expected = jax.tree.leaves(jax.jit(jax.grad(reinforce))(params))
+    for a, b in zip(out[False, 1][0], out[True, 4][0]):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
+    for name in ("loss", "entropy"):
+        np.testing.assert_allclose(float(out[True, 4][1][name]), float(out[False, 1][1][name]), rtol=1e-5)
+    for a, b in zip(expected, out[True, 4][0]):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-7)

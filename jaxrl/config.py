@@ -46,6 +46,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.remat = "none"  # none | full | save_dots | save_attention | save_dots_attention
     c.model.attention_impl = "xla"  # xla (blocked flash, any backend) | cudnn (GPU) | splash (TPU)
     c.model.logprobs_chunk_size = 1024  # tokens per chunk of the chunked log-softmax
+    c.model.logprobs_save_probs = False  # keep exp(logits - max) for the backward pass (no logits recompute)
     c.model.preset = ""  # Qwen3 preset (e.g. "8B") used by `jaxrl.plan` when model.path is empty
 
     # ---- device mesh ----------------------------------------------------------------------
@@ -209,6 +210,8 @@ KEY_DOCS: dict[str, str] = {
                    "save_dots_attention",
     "model.attention_impl": "attention kernel: xla (blocked flash, any backend) | cudnn (NVIDIA GPU) | splash (TPU)",
     "model.logprobs_chunk_size": "tokens per chunk of the chunked log-softmax (never builds [N, T, vocab])",
+    "model.logprobs_save_probs": "keep exp(logits - max), tokens x vocab in the compute dtype, for the backward "
+                                 "pass (no logits recompute)",
     "model.preset": "Qwen3 size (e.g. '8B') that jaxrl.plan compiles when model.path is ''",
     # mesh
     "mesh.data": "devices on the data-parallel mesh axis; -1 = all remaining devices",
@@ -635,6 +638,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
     _require(c.model.remat in ("none", "full", "save_dots", "save_attention", "save_dots_attention"), "model.remat",
              f"unknown policy {c.model.remat!r}",
              "use 'none', 'full', 'save_dots', 'save_attention' or 'save_dots_attention'")
+    _require(isinstance(c.model.logprobs_save_probs, bool), "model.logprobs_save_probs", "must be True or False",
+             "use --config.model.logprobs_save_probs=True or False")
     _require(c.model.attention_impl in ("xla", "cudnn", "splash"), "model.attention_impl",
              f"unknown implementation {c.model.attention_impl!r}",
              "use 'xla' (any backend), 'cudnn' (NVIDIA GPU) or 'splash' (TPU)")

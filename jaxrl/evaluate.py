@@ -29,13 +29,24 @@ from ml_collections import config_flags
 
 from jaxrl import cli
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Recipe whose held-out set to use, e.g. "
-                                          "configs/rloo.py[:scale] (default: the run config next to --model).",
-                                          lock_config=True)
-_MODEL = flags.DEFINE_string("model", None, "Policy: an HF checkpoint directory (a run's best/, the starting model) "
-                             "or a published version WORKDIR/sync/<version>.")
-_OUTPUT = flags.DEFINE_string("output", None, "Also write the result, with every prompt's answer and reward, to "
-                              "this JSON file.")
+# The command's flags are registered by its entry point only (define_flags), so that several
+# jaxrl commands (main, plan, evaluate, chat) can be imported into one process without absl's
+# DuplicateFlagError on their shared names (--config, --model).
+_CONFIG = None
+_MODEL = None
+_OUTPUT = None
+
+
+def define_flags() -> None:
+    """Registers this command's absl flags (called once, by `python -m` of this module)."""
+    global _CONFIG, _MODEL, _OUTPUT
+    _CONFIG = config_flags.DEFINE_config_file("config", None, "Recipe whose held-out set to use, e.g. "
+                                              "configs/rloo.py[:scale] (default: the run config next to --model).",
+                                              lock_config=True)
+    _MODEL = flags.DEFINE_string("model", None, "Policy: an HF checkpoint directory (a run's best/, the starting model) "
+                                 "or a published version WORKDIR/sync/<version>.")
+    _OUTPUT = flags.DEFINE_string("output", None, "Also write the result, with every prompt's answer and reward, to "
+                                  "this JSON file.")
 
 
 def evaluate_policy(model: str, c, config_source: str = "") -> dict[str, Any]:
@@ -134,4 +145,5 @@ def main(argv):
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    define_flags()
     cli.run(main, __doc__)

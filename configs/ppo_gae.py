@@ -7,8 +7,8 @@ The critic (a Qwen3 trunk started from the policy's checkpoint, with a zero-init
 value head; docs/recipes.md, "The critic") is trained each step on the clipped value loss
 (value_clip 0.2) towards the GAE returns; the policy's advantages are GAE's (Schulman et al.
 2016) with gamma = lambda = 1 (SkyRL's defaults; the reward is one outcome on the last token),
-whitened over the batch. Everything else is the default recipe's (configs/rloo.py), so the two
-compare at the same seed and budget.
+whitened over the batch. Everything else is the default recipe's (configs/rloo.py), so it compares with
+the critic-free recipes at the same seed and budget (notebooks/critic_vs_critic_free.ipynb).
 
 Measured at the CPU scale (seed 0, 2 shared cores, 18.7 min): held-out greedy success 25.5% ->
 51.5% at the best-EMA checkpoint (step 55), 48.0% at step 60 (docs/recipes.md).

@@ -63,6 +63,23 @@ def test_advantage_estimators_notebook(headless_env):
     assert "grpo, no std: gain = 0.875 within" in text
 
 
+@pytest.mark.slow
+def test_critic_vs_critic_free_notebook_small_budget(headless_env, monkeypatch):
+    """The notebook's CI mode (three runs of 2 steps of 4 prompts x 4 samples): every run, plot and
+    printed summary works; the numbers are not compared (they are regenerated). Slow (three process
+    start-ups and compilations); the default suite covers the same path faster: each recipe's
+    `jaxrl.main` run (tests/test_trainer_algorithms.py::test_ppo_gae_recipe_runs_end_to_end,
+    tests/test_trainer.py for rloo and grpo) and the committed outputs of a full run
+    (test_committed_notebook_carries_its_figures). Regenerate those with
+    `python scripts/run_notebook.py notebooks/critic_vs_critic_free.ipynb`."""
+    monkeypatch.setenv("JAXRL_NOTEBOOK_MODE", "ci")
+    monkeypatch.setenv("XLA_FLAGS", "")  # the runs use one CPU device, as a user's would
+    pngs, text = _outputs(run_notebook(ROOT / "notebooks" / "critic_vs_critic_free.ipynb", timeout=600))
+    assert len(pngs) >= 3, f"expected reward, critic-fit and cost plots, got {len(pngs)}"
+    for words in ("rloo_n", "grpo", "gae", "explained variance", "critic cost", "notebook total"):
+        assert words in text, words
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
 def test_committed_notebook_carries_its_figures(path):
     """What a plain viewer (GitHub's renderer) shows: the committed file holds the outputs of a

@@ -3,14 +3,20 @@ the client that spreads requests over them, weight publication, and restarts.
 
 Process 0 owns the fleet; every process writes its shards of a published version (`publish`).
 A sidecar that dies during generation or during a weight load is restarted once (it loads the
-newest committed version itself, `--resume-latest`) and the call is retried.
+newest committed version itself, `--resume-latest`) and the call is retried. With several
+sidecars, one that fails to load a version is taken out of rotation (no request goes to it) until
+a later load on it succeeds; the run goes on with the others. In asynchronous modes the client
+accepts completions of versions newer than the one expected when the request was sent (a sidecar
+loads new weights between requests while the generator keeps sending them).
 """
 from __future__ import annotations
 
 import os
 import re
 import secrets
+import signal
 import sys
+import threading
 import time
 from typing import Optional
 
@@ -39,6 +45,15 @@ def _maybe_kill_sidecar(point: str, version: int, sidecars) -> None:
         sidecars[0].kill()
 
 
+def _maybe_kill_during_load(version: int, load) -> None:
+    """Fault injection: JAXRL_KILL_AT="load:<version>" SIGKILLs the trainer while the sidecars load
+    policy version <version> (the load runs in a thread; the kill comes 0.2 s after it started)."""
+    if os.environ.get("JAXRL_KILL_AT", "") == f"load:{version}":
+        threading.Thread(target=load, daemon=True).start()
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 class Fleet:
     """Sidecars + client of one run. `start()` on process 0; `publish()` on every process.
 
@@ -59,6 +74,8 @@ class Fleet:
         self.client: Optional[SidecarClient] = None
         self.last_sync_seconds = 0.0
         self.last_sync_bytes = 0
+        self.in_flight_updates = c.trainer.async_rl.mode != "sync"
+        self._restart_lock = threading.Lock()  # rollout units of the async producer restart concurrently
 
     # -- processes ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -73,7 +90,7 @@ class Fleet:
         rows = min(512, c.trainer.train_batch_size * c.generator.n_samples_per_prompt)
         if c.generator.sidecar_urls:  # external sidecars (vLLM, or JAX ones started by launch/slurm_job.sh)
             self.client = SidecarClient(list(c.generator.sidecar_urls), token_file=self.token_file(),
-                                        backend=c.generator.backend,
+                                        backend=c.generator.backend, in_flight_updates=self.in_flight_updates,
                                         max_prompts_per_request=max(1, rows // c.generator.n_samples_per_prompt))
             if c.generator.colocate_with_trainer:  # they must claim the configured share of the trainer's GPUs
                 gpu_memory.check_external_sidecars(c, self.client.health())
@@ -92,6 +109,7 @@ class Fleet:
         for sp in self.sidecars:
             sp.wait_healthy()
         self.client = SidecarClient([sp.url for sp in self.sidecars], token_file=self.token_file(),
+                                    in_flight_updates=self.in_flight_updates,
                                     max_prompts_per_request=max(1, rows // c.generator.n_samples_per_prompt))
 
     def token_file(self) -> str:
@@ -123,15 +141,16 @@ class Fleet:
         Raises:
           SidecarError: a sidecar did not come back (one line naming its log file).
         """
-        dead = [sp for sp in self.sidecars if not sp.alive()]
-        for sp in dead:
-            print(f"jaxrl: sidecar {sp.url} died (exit code {sp.returncode}); restarting", file=sys.stderr)
-            try:
-                sp.restart()
-            except (RuntimeError, TimeoutError) as e:
-                raise SidecarError(sp.url, f"did not restart ({str(e).splitlines()[0]}); see its log "
-                                           f"{sp.log_path}") from None
-        return bool(dead)
+        with self._restart_lock:
+            dead = [sp for sp in self.sidecars if not sp.alive()]
+            for sp in dead:
+                print(f"jaxrl: sidecar {sp.url} died (exit code {sp.returncode}); restarting", file=sys.stderr)
+                try:
+                    sp.restart()
+                except (RuntimeError, TimeoutError) as e:
+                    raise SidecarError(sp.url, f"did not restart ({str(e).splitlines()[0]}); see its log "
+                                               f"{sp.log_path}") from None
+            return bool(dead)
 
     def with_restart(self, what: str, fn):
         """Runs `fn()`; if it fails because a sidecar died, restarts the dead sidecars and runs it
@@ -167,7 +186,16 @@ class Fleet:
         if self.is_main:
             path = weight_sync.version_path(self.sync_dir, version)
             _maybe_kill_sidecar("publish", version, self.sidecars)
-            self.with_restart(f"loading policy version {version}", lambda: self.client.load_weights(version, path))
+            several = len(self.client.urls) > 1
+            load = lambda: self.client.load_weights(version, path, partial_ok=several)  # noqa: E731
+            _maybe_kill_during_load(version, load)
+            self.with_restart(f"loading policy version {version}", load)
+            if self.client.out_of_rotation and self.restart_dead():
+                load()  # the restarted sidecars serve the newest version: back into rotation
+            for url, why in self.client.out_of_rotation.items():
+                print(f"jaxrl: warning: sidecar {url} failed to load policy version {version} and is out of "
+                      f"rotation until it loads a later one ({sidecar_error_text(RuntimeError(why))})",
+                      file=sys.stderr)
         self.last_sync_seconds = time.perf_counter() - t0
         self.last_sync_bytes = stats.bytes
 

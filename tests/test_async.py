@@ -117,7 +117,8 @@ def test_property_no_trained_group_is_staler_than_the_bound_none_split_every_dro
                 seen.add(g.prompt_index)
         trained_trajs = sum(len(g.trajs) for _, _, gs in out["trained"] for g in gs)
         generated_trajs = sum(k for _, k in out["generated"])
-        assert generated_trajs == trained_trajs + out["dropped"], (trial, generated_trajs, trained_trajs, out["dropped"])
+        assert generated_trajs == trained_trajs + out["dropped"], (trial, generated_trajs, trained_trajs,
+                                                                  out["dropped"])
         assert out["producer"].dropped_total == out["dropped"] and out["dropped"] % n == 0
         if stale_action == "drop":  # a dropped prompt is never generated again
             assert len({k for k, _ in out["generated"]}) == len(out["generated"])

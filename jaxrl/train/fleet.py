@@ -208,8 +208,10 @@ class Fleet:
                              max_tokens_per_turn=g.sampling_params.max_generate_length, max_seq_len=max_seq,
                              execute_truncated_turns=g.execute_truncated_turns)
 
-    def generate(self, tasks, sampling: SamplingParams, n: int):
+    def generate(self, tasks, sampling: SamplingParams, n: int, chat=None):
         """`n` trajectories per task through the rollout loop (process 0), restarting a sidecar
-        that dies and generating again."""
+        that dies and generating again. `chat`: the `ChatTemplate` to use (default the fleet's;
+        threads that generate concurrently each pass their own, a tokenizer is not thread-safe)."""
+        chat = chat or self.chat
         return self.with_restart(
-            "generation", lambda: run_rollouts(self.client, self.chat, tasks, sampling, self.rollout_cfg(n)))
+            "generation", lambda: run_rollouts(self.client, chat, tasks, sampling, self.rollout_cfg(n)))

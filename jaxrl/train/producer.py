@@ -31,8 +31,6 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
-from jaxrl.envs import Trajectory
-
 
 @dataclasses.dataclass
 class Group:

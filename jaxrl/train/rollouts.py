@@ -15,6 +15,8 @@ takes at least that long, as slow multi-turn episodes do); the delay of a group 
 """
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from typing import Any, Optional
 
@@ -58,7 +60,8 @@ class SyncRollouts:
         c, B = self.c, self.c.trainer.train_batch_size
         tasks = self.prompts.train_batch(step)
         t0 = time.perf_counter()
-        trajs = self.fleet.generate(tasks, _sampling(c, derive_seed(c.seed, step, 3)), n=c.generator.n_samples_per_prompt)
+        sampling = _sampling(c, derive_seed(c.seed, step, 3))
+        trajs = self.fleet.generate(tasks, sampling, n=c.generator.n_samples_per_prompt)
         delay = max(episode_delay(c, (step - 1) * B + i) for i in range(B))
         if delay:  # the batch waits for its slowest episode
             time.sleep(max(0.0, t0 + delay - time.perf_counter()))
@@ -97,6 +100,8 @@ class AsyncRollouts:
         self.max_staleness = 1 if one_step else int(a.max_staleness_steps)
         groups = B if one_step else (a.max_in_flight_trajectories // n or (self.max_staleness + 1) * B)
         self._tasks: dict[int, list] = {}
+        self._tasks_lock = threading.Lock()  # units run in threads; PromptSource is not thread-safe
+        self._chats: queue.SimpleQueue = queue.SimpleQueue()  # one ChatTemplate per concurrent unit
         self.producer = RolloutProducer(
             batch_size=B, n=n, max_staleness=self.max_staleness, max_in_flight_groups=groups,
             stale_action=a.stale_action, steps_done=steps_done, total_steps=c.trainer.num_steps, version=version,
@@ -105,11 +110,22 @@ class AsyncRollouts:
         self.started = False
 
     def _step_tasks(self, step: int):
-        if step not in self._tasks:
-            if len(self._tasks) > 64:  # steps long gone (pending prompts are few)
-                self._tasks.pop(min(self._tasks))
-            self._tasks[step] = self.prompts.train_batch(step)
-        return self._tasks[step]
+        with self._tasks_lock:
+            if step not in self._tasks:
+                if len(self._tasks) > 64:  # steps long gone (pending prompts are few)
+                    self._tasks.pop(min(self._tasks))
+                self._tasks[step] = self.prompts.train_batch(step)
+            return self._tasks[step]
+
+    def _borrow_chat(self):
+        """A `ChatTemplate` no other thread uses (HF tokenizers must not be shared by threads)."""
+        try:
+            return self._chats.get_nowait()
+        except queue.Empty:
+            from jaxrl.envs import ChatTemplate
+
+            return ChatTemplate.from_pretrained(self.fleet.model_dir,
+                                                enable_thinking=self.c.generator.enable_thinking)
 
     def _generate_unit(self, step: int, prompt_indexes, attempts):
         """One unit's rollouts: [(prompt index, its n trajectories, its episode delay)]."""
@@ -119,7 +135,11 @@ class AsyncRollouts:
         whole = list(prompt_indexes) == list(range(first, first + B)) and not any(attempts)
         seed = (derive_seed(c.seed, step, 3) if whole  # the sync mode's call for this step
                 else derive_seed(c.seed, step, 4, prompt_indexes[0], len(prompt_indexes), max(attempts)))
-        trajs = self.fleet.generate(tasks, _sampling(c, seed), n=n)
+        chat = self._borrow_chat()
+        try:
+            trajs = self.fleet.generate(tasks, _sampling(c, seed), n=n, chat=chat)
+        finally:
+            self._chats.put(chat)
         return [(k, trajs[j * n:(j + 1) * n], episode_delay(c, k)) for j, k in enumerate(prompt_indexes)]
 
     def get(self, step: int, version: int):

@@ -176,7 +176,8 @@ class Trainer:
         if self.is_async:  # process 0 knows the producer's position; every process saves the same state
             snap = self.rollouts.snapshot(step) if self.rollouts is not None else (0, [])
             flat = broadcast_from_main({"pos": np.array([snap[0], *snap[1]], np.int64)} if self.is_main else None)
-            self.state.async_next_prompt, self.state.async_pending = int(flat["pos"][0]), [int(k) for k in flat["pos"][1:]]
+            self.state.async_next_prompt = int(flat["pos"][0])
+            self.state.async_pending = [int(k) for k in flat["pos"][1:]]
             self.state.data_position = self.state.async_next_prompt - len(self.state.async_pending)
         else:
             self.state.data_position = step * self.c.trainer.train_batch_size
@@ -252,6 +253,7 @@ class Trainer:
                 for k in ("generate", "fwd_logprobs", "policy_train", "sync_weights", "step") + (
                         ("trainer_idle", "generator_idle") if self.is_async else ()):
                     m[f"timing/{k}"] = self.timings.get(k, 0.0)
+                m["timing/elapsed"] = time.perf_counter() - t_run  # since this process started the run
                 # Logs first, then the checkpoint: a run killed in between resumes from the previous
                 # checkpoint and drops these rows, so logs never miss a step that a checkpoint covers.
                 logger.log_step(step, m)

@@ -59,6 +59,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.task = "arithmetic"  # a registered built-in task, or "dataset" (see dataset_path)
     c.data.dataset_path = ""  # JSONL or Parquet prompts; only with task == "dataset" (an error otherwise)
     c.data.eval_task = ""  # "" = the held-out split of `task`
+    # Held-out prompts of a dataset run: a file of its own, or a share of the training file.
+    c.data.eval_dataset_path = ""  # JSONL or Parquet, the row format of dataset_path
+    c.data.eval_fraction = 0.05  # task=dataset without eval_dataset_path: share of the file's prompts held out
+    c.data.eval_split_seed = 0  # seed of that split (not `seed`: runs with other seeds share the held-out set)
     c.data.num_eval_prompts = 200  # 0 = no held-out evaluation
     c.data.max_prompt_length = 128  # tokens; longer prompts are rejected at load
 
@@ -204,6 +208,10 @@ KEY_DOCS: dict[str, str] = {
     "data.task": "training prompts: a built-in task (arithmetic, arithmetic_partial, calculator) or 'dataset'",
     "data.dataset_path": "JSONL or Parquet prompt file, read when data.task=dataset (row format: docs/usage.md)",
     "data.eval_task": "built-in task whose held-out split is evaluated; '' = the held-out split of data.task",
+    "data.eval_dataset_path": "JSONL or Parquet file of held-out prompts (the dataset row format); '' = none",
+    "data.eval_fraction": "data.task=dataset without eval_dataset_path: share of the file's distinct prompts "
+                          "held out",
+    "data.eval_split_seed": "seed of the eval_fraction split (not `seed`: runs with other seeds share it)",
     "data.num_eval_prompts": "held-out prompts evaluated before, during and after training; 0 = no evaluation",
     "data.max_prompt_length": "longest rendered prompt in tokens; a longer dataset prompt stops the run at start",
     # generator
@@ -607,6 +615,14 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
     if c.data.task == "dataset" and check_inputs:
         _require(bool(c.data.dataset_path) and os.path.exists(c.data.dataset_path), "data.dataset_path",
                  f"{c.data.dataset_path!r} does not exist", "point it at a .jsonl or .parquet prompt file")
+    _require(0.0 <= c.data.eval_fraction < 1.0, "data.eval_fraction", f"{c.data.eval_fraction} is outside [0, 1)",
+             "use e.g. 0.05 (5% of the training file's prompts held out), or 0 for none")
+    _require(not (c.data.eval_dataset_path and c.data.eval_task), "data.eval_dataset_path",
+             f"both data.eval_dataset_path={c.data.eval_dataset_path!r} and data.eval_task={c.data.eval_task!r} "
+             "are set", "keep one held-out set: drop data.eval_task or data.eval_dataset_path")
+    if c.data.eval_dataset_path and check_inputs:
+        _require(os.path.isfile(c.data.eval_dataset_path), "data.eval_dataset_path",
+                 f"{c.data.eval_dataset_path!r} does not exist", "point it at a .jsonl or .parquet prompt file")
     _require(c.data.task == "dataset" or not c.data.dataset_path, "data.dataset_path",
              f"{c.data.dataset_path!r} is set but data.task={c.data.task!r} does not read it (it trains on the "
              "built-in task)", "add --config.data.task=dataset to train on the file, or drop data.dataset_path")

@@ -64,11 +64,11 @@ def show_lines(spec: str, prefixes: Sequence[str] = ()) -> list[str]:
                                          "give the start of a dotted key, e.g. trainer.optimizer" +
                                          (f" (the nearest key is {near})" if near else ""))
     keys = [k for k in flat if not prefixes or any(k.startswith(p) for p in prefixes)]
-    kw = max(len(k) for k in keys)
+    kw = max(3, *(len(k) for k in keys))
     values = {k: _fmt(flat[k]) for k in keys}
-    vw = min(_VALUE_WIDTH, max(len(v) for v in values.values()))
+    vw = max(5, min(_VALUE_WIDTH, max(len(v) for v in values.values())))
     types = {k: config_lib.key_type(k, flat[k]) for k in keys}
-    tw = max(len(t) for t in types.values())
+    tw = max(4, *(len(t) for t in types.values()))
     scale = flat.get("scale", "?")
     lines = [f"# {spec} (scale {scale}): {len(keys)} of {len(flat)} keys; override any with --config.KEY=VALUE",
              f"{'KEY':<{kw}}  {'VALUE':<{vw}}  {'TYPE':<{tw}}  MEANING"]

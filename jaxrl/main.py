@@ -54,7 +54,13 @@ def main(argv):
         sys.exit(2)
     workdir = _WORKDIR.value or os.path.join("runs", name)
     try:
-        trainer.run(config, workdir)
+        summary = trainer.run(config, workdir)
+        import jax
+
+        if jax.process_index() == 0:
+            from jaxrl.train.report import summary_text
+
+            print(summary_text(summary, workdir), flush=True)
     except (ConfigError, DatasetError, trainer.RunDirError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -194,6 +194,7 @@ def test_dataset_prompts_follow_one_permutation_per_epoch(tmp_path):
                                  "reward_spec": {"type": "exact_match", "answer": str(i + 1)}}) + "\n")
     c = rloo.get_config()
     c.data.task, c.data.dataset_path = "dataset", str(path)
+    c.data.eval_fraction = 0  # every row trains
     c.trainer.train_batch_size = 4
     src = trainer.PromptSource(c)
     served = [t.task_id for step in range(1, 11) for t in src.train_batch(step)]  # 40 prompts = 4 epochs

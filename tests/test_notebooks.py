@@ -42,3 +42,18 @@ def test_loss_variants_notebook(headless_env):
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "soft_gate" in text  # the custom loss was registered from the notebook
     assert elapsed < 90, f"notebook took {elapsed:.0f}s; keep it fast"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_committed_notebook_carries_its_figures(path):
+    """What a plain viewer (GitHub's renderer) shows: the committed file holds the outputs of a
+    complete run, with every figure as an embedded PNG and no error."""
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.execution_count for c in code), f"{path.name}: committed without running every cell"
+    outputs = [o for c in code for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"], f"{path.name}: committed with an error"
+    pngs = [o for o in outputs if o.output_type == "display_data" and "image/png" in o.get("data", {})]
+    assert pngs and all(len(o["data"]["image/png"]) > 5000 for o in pngs), f"{path.name}: no embedded figure"
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert "mode ci" not in text, f"{path.name}: committed from its small CI mode, not a full run"

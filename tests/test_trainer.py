@@ -235,7 +235,7 @@ def test_best_checkpoint_survives_ties_restart_and_a_damaged_latest_checkpoint(t
             f.write(json.dumps({"id": f"never{i}", "prompt": f"What is {i} + {i}?",
                                 "reward_spec": {"type": "exact_match", "answer": "zebra-never-said"}}) + "\n")
     wd = str(tmp_path / "run")
-    args = ["--config.data.task=dataset", f"--config.data.dataset_path={data}", *TINY]
+    args = ["--config.data.task=dataset", f"--config.data.dataset_path={data}", "--config.data.eval_fraction=0", *TINY]
     killed = _main(wd, *args, "--config.trainer.num_steps=10", kill_at="generate:8", umask=0o027)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert _ckpt_steps(wd) == [1, 5]

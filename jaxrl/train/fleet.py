@@ -87,7 +87,9 @@ class Fleet:
           SidecarError / RuntimeError / TimeoutError: a sidecar did not come up.
         """
         c = self.c
-        rows = min(512, c.trainer.train_batch_size * c.generator.n_samples_per_prompt)
+        from jaxrl.train import evaluation
+
+        rows = evaluation.engine_batch_rows(c)  # one definition, shared with jaxrl.evaluate
         if c.generator.sidecar_urls:  # external sidecars (vLLM, or JAX ones started by launch/slurm_job.sh)
             self.client = SidecarClient(list(c.generator.sidecar_urls), token_file=self.token_file(),
                                         backend=c.generator.backend, in_flight_updates=self.in_flight_updates,
@@ -202,11 +204,9 @@ class Fleet:
     # -- generation -----------------------------------------------------------------------------
     def rollout_cfg(self, n: Optional[int] = None) -> RolloutConfig:
         """The rollout loop's limits (generator.*; `n` samples per prompt, default the run's)."""
-        g = self.c.generator
-        max_seq = config_lib.rollout_max_seq_len(self.c)
-        return RolloutConfig(n_samples_per_prompt=n or g.n_samples_per_prompt, max_turns=g.max_turns,
-                             max_tokens_per_turn=g.sampling_params.max_generate_length, max_seq_len=max_seq,
-                             execute_truncated_turns=g.execute_truncated_turns)
+        from jaxrl.train import evaluation  # one definition, shared with jaxrl.evaluate
+
+        return evaluation.rollout_config(self.c, n)
 
     def generate(self, tasks, sampling: SamplingParams, n: int, chat=None):
         """`n` trajectories per task through the rollout loop (process 0), restarting a sidecar

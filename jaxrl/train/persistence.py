@@ -124,9 +124,12 @@ class Checkpoints:
         self.store.prune(protect=[state.best_ckpt_step])  # leftovers of a run killed before its prune
         return step, params, opt_state, state
 
-    def export_hf(self, params, is_main: bool) -> None:
+    def export_hf(self, params, is_main: bool, prompt_format=None, generation=None) -> None:
         """Writes `params` as an HF checkpoint (float32, with the tokenizer and rl_config.json) to
-        `workdir/best/`, replacing it atomically (a temp directory, then a rename)."""
+        `workdir/best/`, replacing it atomically (a temp directory, then a rename). With
+        `prompt_format` (`jaxrl.envs.chat.PromptFormat`), its chat template defaults to the
+        training prompt format and `generation` is merged into generation_config.json
+        (`hf_io.write_prompt_format`)."""
         if jax.process_count() > 1:  # the exporter reads whole tensors on process 0
             from jax.experimental import multihost_utils
 
@@ -137,6 +140,8 @@ class Checkpoints:
             shutil.rmtree(tmp, ignore_errors=True)
             hf_io.save_hf_checkpoint(params, self.model_cfg, tmp, dtype="float32", tokenizer_dir=self.model_dir)
             shutil.copy(os.path.join(self.workdir, "rl_config.json"), os.path.join(tmp, "rl_config.json"))
+            if prompt_format is not None:
+                hf_io.write_prompt_format(tmp, prompt_format.system_prompt, prompt_format.enable_thinking, generation)
             shutil.rmtree(out, ignore_errors=True)
             os.replace(tmp, out)
 

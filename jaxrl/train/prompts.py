@@ -1,4 +1,5 @@
-"""The prompt source: the train prompts of each RL step and the fixed held-out eval prompts.
+"""The prompt source: the train prompts of each RL step and the fixed held-out eval prompts
+(`PromptSource` says which held-out set a config gets).
 
 Every choice derives from (`seed`, step): a built-in task suite draws step s's prompts with
 seed `derive_seed(seed, s, 1)`; a dataset is walked in per-epoch permutations, so prompt k of the
@@ -12,6 +13,7 @@ import hashlib
 import numpy as np
 
 from jaxrl.envs import get_task_suite, load_tasks
+from jaxrl.envs.splits import heldout_split, overlap
 
 
 def derive_seed(*parts: int) -> int:
@@ -21,18 +23,54 @@ def derive_seed(*parts: int) -> int:
 
 
 class PromptSource:
-    """Train prompts per step (deterministic in (seed, step)) and the fixed held-out eval prompts."""
+    """Train prompts per step (deterministic in (seed, step)) and the fixed held-out eval prompts.
 
-    def __init__(self, c):
+    The held-out set, the first that applies:
+    1. `data.eval_dataset_path`: the tasks of that file (its row order);
+    2. `data.eval_task`: the eval split of that built-in task;
+    3. a built-in `data.task`: its own eval split (disjoint from its train split);
+    4. `data.task=dataset` with `data.eval_fraction` > 0: a seeded, disjoint share of the training
+       file's prompts (`jaxrl.envs.splits.heldout_split` with `data.eval_split_seed`), which is
+       then left out of training;
+    5. none (`heldout_kind` is "").
+    `eval_batch()` evaluates the first `data.num_eval_prompts` of it: a built-in split shuffled
+    with `derive_seed(seed, 7)`; a file's held-out tasks all if there are fewer.
+
+    Args:
+      c: the run config.
+      load_train: read the training file of a dataset run (False: only what the held-out set
+        needs, e.g. for `jaxrl.evaluate` with an evaluation file).
+    Raises:
+      DatasetError: a file cannot be read (the message names it); ValueError: a split that
+        cannot be made (fewer than 2 distinct prompts).
+    """
+
+    def __init__(self, c, load_train: bool = True):
         self.c = c
         self._orders: dict[int, np.ndarray] = {}
-        if c.data.task == "dataset":
-            self.train_tasks = load_tasks(c.data.dataset_path)
-            self.suite = None
+        self.suite = None
+        self.train_tasks: list = []
+        self.heldout_tasks: list = []
+        self.eval_suite = None
+        d = c.data
+        if d.task == "dataset":
+            if load_train or not d.eval_dataset_path and not d.eval_task:
+                self.train_tasks = load_tasks(d.dataset_path)
         else:
-            self.suite = get_task_suite(c.data.task)
-        eval_name = c.data.eval_task or (c.data.task if self.suite else "")
-        self.eval_suite = get_task_suite(eval_name) if eval_name else None
+            self.suite = get_task_suite(d.task)
+        if d.eval_dataset_path:
+            self.heldout_tasks = load_tasks(d.eval_dataset_path)
+            self.heldout_kind = f"data.eval_dataset_path ({d.eval_dataset_path})"
+        elif d.eval_task or self.suite is not None:
+            name = d.eval_task or d.task
+            self.eval_suite = get_task_suite(name)
+            self.heldout_kind = f"the eval split of the {name} task"
+        elif d.eval_fraction > 0:
+            self.train_tasks, self.heldout_tasks = heldout_split(self.train_tasks, d.eval_fraction, d.eval_split_seed)
+            self.heldout_kind = (f"{100 * d.eval_fraction:g}% of data.dataset_path held out (split seed "
+                                 f"{d.eval_split_seed})")
+        else:
+            self.heldout_kind = ""
 
     def train_batch(self, step: int):
         """The `train_batch_size` tasks of RL step `step` (1-based)."""
@@ -50,8 +88,28 @@ class PromptSource:
             out.append(self.train_tasks[self._orders[epoch][within]])
         return out
 
+    def overlap_warning(self) -> str:
+        """A warning line when held-out prompts of `data.eval_dataset_path` also occur in the
+        training file (held-out success then overstates generalisation); "" otherwise."""
+        if not self.c.data.eval_dataset_path or not self.train_tasks:
+            return ""
+        k = overlap(self.heldout_tasks, self.train_tasks)
+        if not k:
+            return ""
+        return (f"jaxrl: warning: {k} of the {len(self.heldout_tasks)} held-out prompts in data.eval_dataset_path "
+                f"({self.c.data.eval_dataset_path}) also occur in data.dataset_path; their held-out success is "
+                "measured on prompts the policy trains on")
+
+    def training_tasks(self) -> list:
+        """Every task the run trains on: the train split of a built-in task, or the training file
+        without its held-out share."""
+        return self.suite.dataset("train") if self.suite is not None else list(self.train_tasks)
+
     def eval_batch(self):
-        """The held-out tasks ([] when there is no eval task or `data.num_eval_prompts` is 0)."""
-        if self.eval_suite is None or self.c.data.num_eval_prompts == 0:
+        """The held-out tasks evaluated ([] when there is no held-out set or `data.num_eval_prompts` is 0)."""
+        num = self.c.data.num_eval_prompts
+        if num == 0:
             return []
-        return self.eval_suite.dataset("eval", num=self.c.data.num_eval_prompts, seed=derive_seed(self.c.seed, 7))
+        if self.eval_suite is not None:
+            return self.eval_suite.dataset("eval", num=num, seed=derive_seed(self.c.seed, 7))
+        return list(self.heldout_tasks[:num])

@@ -1,6 +1,8 @@
 """What the user reads: the end-of-run `report.md` text and the progress bar over RL steps."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from jaxrl.train.rundir import TrainerState
@@ -60,16 +62,42 @@ def report_text(c, summary, rows, state: TrainerState, collapsed: bool) -> str:
 
 
 def eval_line(c, summary) -> str:
-    """The report's held-out line; says why there is no number when evaluation is off."""
-    def fmt(x):
-        return "n/a" if x is None else f"{100 * x:.1f}%"
-
+    """The report's held-out line: success at the start, at the best-EMA checkpoint and at the
+    final step, and what it is measured on; says why there is no number when there is none."""
     if c.data.num_eval_prompts == 0:
         return "- held-out success: not evaluated (data.num_eval_prompts=0)"
-    if not (c.data.eval_task or c.data.task != "dataset"):
-        return "- held-out success: not evaluated (no held-out task: set data.eval_task to a built-in task)"
-    return (f"- held-out success (reward >= {c.trainer.success_threshold:g}): start "
-            f"{fmt(summary.get('initial_eval'))} -> best-EMA checkpoint {fmt(summary.get('best_eval'))}")
+    if not summary.get("heldout"):
+        return ("- held-out success: not evaluated (no held-out set: set data.eval_dataset_path, "
+                "data.eval_fraction > 0 or data.eval_task)")
+    best = summary.get("best_step", -1)
+    return (f"- held-out success ({summary['heldout']}): start {_pct(summary.get('initial_eval'))} -> "
+            f"best-EMA checkpoint{f' (step {best})' if best >= 1 else ''} {_pct(summary.get('best_eval'))}; "
+            f"final step ({summary.get('last_step')}) {_pct(summary.get('final_eval'))}")
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def summary_text(summary: dict, workdir: str) -> str:
+    """The console summary printed at the end of every run (a few lines): best step, held-out
+    success at start / best / final step, wall time, and where report.md and best/ are."""
+    best = summary.get("best_step", -1)
+    lines = [f"jaxrl: run finished: {workdir}",
+             f"  steps: {summary.get('last_step')} in {summary.get('wall_s', 0.0) / 60:.1f} min; best step by "
+             f"reward EMA: {best if best >= 1 else 'none'}"
+             + (f" (EMA {summary['best_ema']:.3f})" if best >= 1 and summary.get("best_ema") is not None else "")]
+    if summary.get("heldout"):
+        lines.append(f"  held-out success: start {_pct(summary.get('initial_eval'))}, best-EMA "
+                     f"{_pct(summary.get('best_eval'))}, final step {_pct(summary.get('final_eval'))}  "
+                     f"({summary['heldout']})")
+    else:
+        lines.append("  held-out success: not evaluated (see report.md)")
+    lines.append(f"  report: {os.path.join(workdir, 'report.md')}")
+    best_dir = os.path.join(workdir, "best")
+    if os.path.isdir(best_dir):
+        lines.append(f"  best checkpoint (HF format): {best_dir}   try: python -m jaxrl.chat --model {best_dir}")
+    return "\n".join(lines)
 
 
 class Progress:

@@ -35,10 +35,12 @@ from jaxrl import config as config_lib
 from jaxrl import parallel
 from jaxrl.config import write_json_atomic
 from jaxrl.envs import DEFAULT_POLICY_DIR, ChatTemplate
+from jaxrl.envs.chat import PromptFormat
 from jaxrl.models import hf_io, qwen3
 from jaxrl.rl import advantages as adv_lib
 from jaxrl.rl import losses
 from jaxrl.rollout.types import SamplingParams
+from jaxrl.train import evaluation
 from jaxrl.train.rollouts import AsyncRollouts, SyncRollouts, logprob_gap_by_staleness
 from jaxrl.train import step as step_lib
 # Re-exported: the names callers used before the trainer was split into these modules.
@@ -87,8 +89,11 @@ class Trainer:
                 "trainer.algorithm.max_seq_len")
         self.chat = ChatTemplate.from_pretrained(self.model_dir, enable_thinking=c.generator.enable_thinking)
         self.prompts = PromptSource(c)
-        if c.data.task == "dataset":
-            self._check_prompt_lengths(self.prompts.train_tasks)
+        self._check_prompt_lengths(self.prompts.train_tasks, c.data.dataset_path)
+        if self.is_main and self.prompts.overlap_warning():
+            print(self.prompts.overlap_warning(), file=sys.stderr)
+        self._check_prompt_lengths(self.prompts.eval_batch() if not self.prompts.eval_suite else [],
+                                   c.data.eval_dataset_path or c.data.dataset_path)
 
         # Mesh and shardings.
         self.mesh = parallel.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
@@ -122,8 +127,9 @@ class Trainer:
         self.is_async = c.trainer.async_rl.mode != "sync"
         self.rollouts = None  # SyncRollouts / AsyncRollouts (process 0), made in run()
 
-    def _check_prompt_lengths(self, tasks) -> None:
-        """Rejects a dataset whose rendered prompts exceed `data.max_prompt_length` (before any work)."""
+    def _check_prompt_lengths(self, tasks, path: str) -> None:
+        """Rejects dataset prompts (training or held-out, read from `path`) whose rendering exceeds
+        `data.max_prompt_length` (before any work)."""
         from jaxrl.envs import make_env
 
         limit = self.c.data.max_prompt_length
@@ -132,7 +138,7 @@ class Trainer:
             n = len(self.chat.encode_prompt(env.reset(task), getattr(env, "tools", None)))
             if n > limit:
                 raise config_lib.ConfigError(
-                    "data.max_prompt_length", f"{self.c.data.dataset_path}: task {i} ({task.task_id or 'no id'}) "
+                    "data.max_prompt_length", f"{path}: task {i} ({task.task_id or 'no id'}) "
                     f"renders to a {n}-token prompt, longer than max_prompt_length={limit}",
                     "raise --config.data.max_prompt_length or remove the long prompts from the dataset")
 
@@ -151,23 +157,15 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Held-out success rate (reward >= `trainer.success_threshold`) and mean reward of the
-        served policy version (process 0 only; other processes, and runs without eval prompts,
-        get {})."""
+        served policy version (`evaluation.evaluate`; process 0 only: other processes, and runs
+        without eval prompts, get {})."""
         tasks = self.prompts.eval_batch()
         self._eval_version, self._eval_result = self.state.policy_version, {}  # same on every process
         if not tasks or not self.is_main:
             return {}
         t0 = time.perf_counter()
-        es = self.c.generator.eval_sampling_params
-        sp = self.c.generator.sampling_params
-        sampling = SamplingParams(temperature=es.temperature, greedy=bool(es.greedy), top_p=sp.top_p,
-                                  top_k=max(sp.top_k, 0), seed=derive_seed(self.c.seed, 11),
-                                  logprobs_mode=self.c.generator.logprobs_mode)
-        trajs = self.fleet.generate(tasks, sampling, n=1)
-        rewards = np.array([t.reward for t in trajs])
+        result, _ = evaluation.evaluate(self.c, tasks, self.fleet.generate)
         self.timings["eval"] = time.perf_counter() - t0
-        result = {"eval/success_rate": float(np.mean(rewards >= self.c.trainer.success_threshold)),
-                  "eval/avg_reward": float(rewards.mean())}
         self._eval_result = result
         return result
 
@@ -250,6 +248,7 @@ class Trainer:
                 if c.trainer.eval_interval and step % c.trainer.eval_interval == 0 or step == c.trainer.num_steps:
                     m.update(self.evaluate())
                     m["timing/eval"] = self.timings.get("eval", 0.0)
+                    self._eval_step = step
                 for k in ("generate", "fwd_logprobs", "policy_train", "sync_weights", "step") + (
                         ("trainer_idle", "generator_idle") if self.is_async else ()):
                     m[f"timing/{k}"] = self.timings.get(k, 0.0)
@@ -351,11 +350,19 @@ class Trainer:
         return params, opt_state
 
     def _finish(self, logger, last_step: int, wall_s: float, collapsed: bool) -> dict[str, Any]:
-        """Evaluates and exports the best checkpoint, writes the plot, report.md and summary.json."""
+        """Evaluates the final policy (unless its last step was) and the best checkpoint, exports
+        the best, writes the plot, report.md and summary.json."""
         c = self.c
         best = self.state.best_ckpt_step
         summary: dict[str, Any] = {"last_step": last_step, "best_step": best, "best_ema": self.state.best_ckpt_ema,
-                                   "initial_eval": self.state.initial_eval, "wall_s": wall_s}
+                                   "initial_eval": self.state.initial_eval, "wall_s": wall_s,
+                                   "heldout": evaluation.describe(c, self.prompts)}
+        # The final step's policy: evaluated at that step, else (a collapse stop, or a resumed run
+        # whose last step was checkpointed before its end) now, on the served weights of that step.
+        if getattr(self, "_eval_step", None) == last_step:
+            summary["final_eval"] = self._eval_result.get("eval/success_rate")
+        elif self.prompts.eval_batch():
+            summary["final_eval"] = self.evaluate().get("eval/success_rate")
         if best >= 1:
             params, _, _ = self.ckpt.restore(best)
             if best == last_step and getattr(self, "_eval_version", None) == self.state.policy_version:
@@ -365,7 +372,9 @@ class Trainer:
                 ev = self.evaluate()
             summary["best_eval"] = ev.get("eval/success_rate")
             if c.trainer.export_best:
-                self.ckpt.export_hf(params, self.is_main)
+                fmt = PromptFormat.of_tasks(self.prompts.training_tasks(), c.generator.enable_thinking)
+                self.ckpt.export_hf(params, self.is_main, prompt_format=fmt,
+                                    generation=evaluation.generation_config(c, self.chat))
         if not self.is_main:
             return summary
         plot_rewards(self.workdir, logger.rows, best)

@@ -1,0 +1,129 @@
+"""Evaluate a checkpoint on a recipe's held-out set with the JAX engine.
+
+  python -m jaxrl.evaluate --model runs/rloo/best            # the run's own held-out set (best/rl_config.json)
+  python -m jaxrl.evaluate --model runs/rloo/sync/61          # a published policy version
+  python -m jaxrl.evaluate --model jaxrl/assets/default_policy --config=configs/rloo.py   # the starting model
+  python -m jaxrl.evaluate --model runs/rloo/best --config=configs/rloo.py --config.data.num_eval_prompts=500
+
+The held-out set, its decoding and the success rule are the trainer's (jaxrl/train/evaluation.py):
+the recipe's held-out prompts (`data.eval_dataset_path`, `data.eval_task`, the task's eval split or
+the `data.eval_fraction` share of a dataset), each generated once with
+`generator.eval_sampling_params` (greedy by default) under the training rollout limits and engine
+settings, a success when its reward >= `trainer.success_threshold`. So the number for a run's
+best/ equals the "best-EMA checkpoint" number of its report.md, and the starting model's equals
+the report's "start". Without --config, the run config next to --model is used (best/rl_config.json,
+or WORKDIR/rl_config.json for WORKDIR/sync/<version>).
+
+Prints the held-out success on stdout; --output writes it with every prompt, answer and reward as
+JSON. Exit status 2 (one line) for a model or config that cannot be used.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from absl import flags
+from ml_collections import config_flags
+
+from jaxrl import cli
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Recipe whose held-out set to use, e.g. "
+                                          "configs/rloo.py[:scale] (default: the run config next to --model).",
+                                          lock_config=True)
+_MODEL = flags.DEFINE_string("model", None, "Policy: an HF checkpoint directory (a run's best/, the starting model) "
+                             "or a published version WORKDIR/sync/<version>.")
+_OUTPUT = flags.DEFINE_string("output", None, "Also write the result, with every prompt's answer and reward, to "
+                              "this JSON file.")
+
+
+def evaluate_policy(model: str, c, config_source: str = "") -> dict[str, Any]:
+    """Evaluates the policy at `model` on the held-out set of run config `c`.
+
+    Args:
+      model: an HF checkpoint directory or a published version directory (`jaxrl.policy`).
+      c: the run config (a ConfigDict such as `base_config()` or a run's rl_config.json).
+      config_source: where `c` came from, for the result's description.
+    Returns:
+      {"success_rate", "avg_reward", "num_prompts", "num_successes", "heldout" (what was
+      evaluated), "model", "config", "seconds", "results": [{"task_id", "prompt", "response",
+      "reward", "stop_reason"}, ...]}.
+    Raises:
+      policy.PolicyError: unusable model or config, or a config without a held-out set;
+      DatasetError: a dataset file cannot be read.
+    """
+    from jaxrl import config as config_lib
+    from jaxrl import policy
+    from jaxrl.envs import run_rollouts
+    from jaxrl.train import evaluation
+    from jaxrl.train.prompts import PromptSource
+
+    try:
+        config_lib.validate(c, check_inputs=False)
+    except config_lib.ConfigError as e:
+        raise policy.PolicyError(f"{config_source or 'the run config'}: {e}") from None
+    source = PromptSource(c, load_train=False)
+    tasks = source.eval_batch()
+    if not tasks:
+        why = "data.num_eval_prompts is 0" if c.data.num_eval_prompts == 0 else "it has no held-out set"
+        raise policy.PolicyError(f"nothing to evaluate: {why} ({config_source or 'run config'}). Fix: pass "
+                                 "--config=<recipe> with a held-out set (data.eval_dataset_path, data.eval_fraction "
+                                 "or data.eval_task) and data.num_eval_prompts > 0")
+    t0 = time.perf_counter()
+    sampler, tokenizer_dir, what = policy.load_engine(model, c, max_seq_len=config_lib.rollout_max_seq_len(c),
+                                                      max_batch_rows=evaluation.engine_batch_rows(c))
+    chat = policy.training_chat_template(tokenizer_dir, c.generator.enable_thinking)
+    result, trajs = evaluation.evaluate(
+        c, tasks, lambda t, sampling, n: run_rollouts(sampler, chat, t, sampling, evaluation.rollout_config(c, n)))
+    rate = result["eval/success_rate"]
+    return {
+        "success_rate": rate, "avg_reward": result["eval/avg_reward"], "num_prompts": len(trajs),
+        "num_successes": sum(t.reward >= c.trainer.success_threshold for t in trajs), "heldout": evaluation.describe(c, source),
+        "model": what, "config": config_source, "seconds": time.perf_counter() - t0,
+        "results": [{"task_id": task.task_id, "prompt": chat.tokenizer.decode(list(t.prompt_ids)),
+                     "response": chat.tokenizer.decode(list(t.response_ids)), "reward": float(t.reward),
+                     "stop_reason": t.stop_reason} for task, t in zip(tasks, trajs)],
+    }
+
+
+def main(argv):
+    if len(argv) > 1:
+        cli.usage_error(f"unexpected arguments: {argv[1:]}")
+    if not _MODEL.value:
+        cli.usage_error("--model is required, e.g. --model=runs/rloo/best")
+    from jaxrl import policy
+    from jaxrl.config import ConfigError, write_json_atomic
+    from jaxrl.envs import DatasetError
+
+    model = _MODEL.value
+    try:
+        if _CONFIG.value is not None:
+            c, source = _CONFIG.value, next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")),
+                                            "--config")
+            c.name  # noqa: B018 - ml_collections loads the recipe file on first access (OSError if missing)
+        else:
+            path = policy.find_run_config(model)
+            if path is None:
+                raise policy.PolicyError(f"no rl_config.json next to --model {model!r}. Fix: pass "
+                                         "--config=<recipe> (e.g. configs/rloo.py) to choose the held-out set")
+            c, source = policy.read_run_config(path), path
+        r = evaluate_policy(model, c, source)
+    except OSError as e:
+        print(f"error: {str(e).splitlines()[-1].strip()}: the --config recipe file could not be loaded",
+              file=sys.stderr)
+        sys.exit(2)
+    except (policy.PolicyError, DatasetError, ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(f"jaxrl evaluate: {r['model']} on the held-out set of {source}: {r['heldout']}")
+    print(f"held-out success: {100 * r['success_rate']:.1f}% ({r['num_successes']} of {r['num_prompts']}); "
+          f"mean reward {r['avg_reward']:.3f}; {r['seconds']:.1f} s", flush=True)
+    if _OUTPUT.value:
+        write_json_atomic(_OUTPUT.value, r)
+        print(f"wrote {_OUTPUT.value}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    cli.run(main, __doc__)

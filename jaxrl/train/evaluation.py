@@ -1,0 +1,85 @@
+"""Held-out evaluation: one definition shared by the trainer (before, during and after training)
+and `python -m jaxrl.evaluate`, so both give the same number for the same weights.
+
+The held-out tasks come from `prompts.PromptSource.eval_batch`; each is rolled out once (n = 1)
+with `generator.eval_sampling_params` (greedy by default; top-p / top-k of the training rollouts)
+and the seed `derive_seed(seed, 11)`, under the training rollout limits (`rollout_config`). A
+prompt is a success when its reward >= `trainer.success_threshold`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from jaxrl import config as config_lib
+from jaxrl.envs import RolloutConfig, Trajectory
+from jaxrl.rollout.types import SamplingParams
+from jaxrl.train.prompts import derive_seed
+
+
+def rollout_config(c, n: int | None = None) -> RolloutConfig:
+    """The rollout loop's limits (generator.*; `n` samples per prompt, default the run's)."""
+    g = c.generator
+    return RolloutConfig(n_samples_per_prompt=n or g.n_samples_per_prompt, max_turns=g.max_turns,
+                         max_tokens_per_turn=g.sampling_params.max_generate_length,
+                         max_seq_len=config_lib.rollout_max_seq_len(c), execute_truncated_turns=g.execute_truncated_turns)
+
+
+def engine_batch_rows(c) -> int:
+    """Rows (prompts x samples) per engine batch of the run's JAX sidecars (`--max-batch-rows`)."""
+    return min(512, c.trainer.train_batch_size * c.generator.n_samples_per_prompt)
+
+
+def eval_sampling(c) -> SamplingParams:
+    """Sampling of held-out evaluation: `eval_sampling_params` (temperature, greedy) with the
+    training top-p / top-k, seed `derive_seed(seed, 11)`, the run's logprobs mode."""
+    es, sp = c.generator.eval_sampling_params, c.generator.sampling_params
+    return SamplingParams(temperature=es.temperature, greedy=bool(es.greedy), top_p=sp.top_p, top_k=max(sp.top_k, 0),
+                          seed=derive_seed(c.seed, 11), logprobs_mode=c.generator.logprobs_mode)
+
+
+def score(trajs: Sequence[Trajectory], success_threshold: float) -> dict[str, float]:
+    """`eval/success_rate` (share of rewards >= threshold) and `eval/avg_reward` of `trajs` (one per prompt)."""
+    rewards = np.array([t.reward for t in trajs], np.float64)
+    return {"eval/success_rate": float(np.mean(rewards >= success_threshold)),
+            "eval/avg_reward": float(rewards.mean())}
+
+
+def evaluate(c, tasks, generate: Callable[[Any, SamplingParams, int], list[Trajectory]]):
+    """Rolls out `tasks` once each with `generate(tasks, sampling, n)` and scores them.
+
+    Returns (metrics dict of `score`, the trajectories); ({}, []) for no tasks.
+    """
+    if not tasks:
+        return {}, []
+    trajs = generate(tasks, eval_sampling(c), 1)
+    return score(trajs, c.trainer.success_threshold), trajs
+
+
+def generation_config(c, chat) -> dict:
+    """generation_config.json entries of an exported policy: the held-out evaluation's decoding
+    (greedy: `do_sample` false, sampling keys removed; else the evaluation temperature with the
+    training top-p / top-k), `max_new_tokens` = generator.sampling_params.max_generate_length,
+    and the chat template's end-of-turn ids as `eos_token_id` (`chat`: a `ChatTemplate`)."""
+    es, sp = c.generator.eval_sampling_params, c.generator.sampling_params
+    if es.greedy:
+        out: dict = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    else:
+        out = {"do_sample": True, "temperature": float(es.temperature), "top_p": float(sp.top_p),
+               "top_k": max(int(sp.top_k), 0)}
+    out["max_new_tokens"] = int(sp.max_generate_length)
+    out["eos_token_id"] = list(chat.stop_token_ids)
+    return out
+
+
+def describe(c, source) -> str:
+    """What the held-out number is measured on, e.g. "200 prompts of the eval split of the
+    arithmetic task, greedy, success = reward >= 1" ("" when there is no held-out set)."""
+    if not source.heldout_kind or c.data.num_eval_prompts == 0:
+        return ""
+    n = len(source.eval_batch())
+    es = c.generator.eval_sampling_params
+    decoding = "greedy" if es.greedy else f"temperature {es.temperature:g}"
+    return (f"{n} prompt{'s' if n != 1 else ''} of {source.heldout_kind}, {decoding}, success = reward >= "
+            f"{c.trainer.success_threshold:g}")

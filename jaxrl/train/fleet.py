@@ -45,13 +45,20 @@ def _maybe_kill_sidecar(point: str, version: int, sidecars) -> None:
         sidecars[0].kill()
 
 
-def _maybe_kill_during_load(version: int, load) -> None:
+def _maybe_kill_during_load(version: int, client, load) -> None:
     """Fault injection: JAXRL_KILL_AT="load:<version>" SIGKILLs the trainer while the sidecars load
-    policy version <version> (the load runs in a thread; the kill comes 0.2 s after it started)."""
-    if os.environ.get("JAXRL_KILL_AT", "") == f"load:{version}":
-        threading.Thread(target=load, daemon=True).start()
-        time.sleep(0.2)
-        os.kill(os.getpid(), signal.SIGKILL)
+    policy version <version>: the version is committed in the sync directory, the load runs in a
+    thread, and the kill comes 0.01 s after its first `/v1/load_weights` request went out (the
+    sidecars are then loading it or waiting for their running completions)."""
+    if os.environ.get("JAXRL_KILL_AT", "") != f"load:{version}":
+        return
+    sent = threading.Event()
+    client._http.event_hooks["request"].append(
+        lambda request: sent.set() if request.url.path.endswith("/v1/load_weights") else None)
+    threading.Thread(target=load, daemon=True).start()
+    sent.wait(30)
+    time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Fleet:
@@ -190,7 +197,7 @@ class Fleet:
             _maybe_kill_sidecar("publish", version, self.sidecars)
             several = len(self.client.urls) > 1
             load = lambda: self.client.load_weights(version, path, partial_ok=several)  # noqa: E731
-            _maybe_kill_during_load(version, load)
+            _maybe_kill_during_load(version, self.client, load)
             self.with_restart(f"loading policy version {version}", load)
             if self.client.out_of_rotation and self.restart_dead():
                 load()  # the restarted sidecars serve the newest version: back into rotation

@@ -1,4 +1,4 @@
-"""The rollout producer of asynchronous RL (`trainer.async.mode` one_step / fully_async; docs/async.md).
+"""The rollout producer of asynchronous RL (`trainer.async_rl.mode` one_step / fully_async; docs/async.md).
 
 A scheduler thread admits prompts while the trainer trains and runs each admitted *unit* (the
 prompts of one RL step that were admitted together) in a thread of its own, so generation never

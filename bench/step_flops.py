@@ -15,12 +15,23 @@ and prints the executed matmul FLOPs against the MFU formula of the GPU probe
 separately: XLA runs them as float32 GEMMs.
 
   python bench/step_flops.py [--remat full,save_dots,save_attention,save_dots_attention,none]
+  python bench/step_flops.py --head     # the log-softmax head alone: legacy vs custom VJP
+
+``--head`` compiles the chunked log-softmax alone at the same shape (forward and backward of
+``sum(a * logprobs + b * entropy)``, B x S positions, hidden 2048, vocab 151,936, bf16) in three
+forms: ``legacy`` (autodiff through a rematerialized chunk, the code before the custom VJP),
+``recompute`` (the custom VJP, logits recomputed) and ``save_probs``; for each it prints the
+matmul FLOPs of its jaxpr, XLA's temporary memory, and the bytes read + written by the top-level
+ops of the CPU-compiled HLO (:func:`hlo_bytes`; a proxy for memory traffic, since a GPU fuses
+at least as much as the CPU backend).
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import math
 import os
+import re
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -61,7 +72,8 @@ def _walk(jaxpr, mult, acc, phase, in_loop=False):
                     _walk(j, sub_mult, acc, sub_phase, in_loop or name == "while")
 
 
-def analyze(remat: str, B: int, S: int, shape: dict = SHAPE_1P7B, dtype: str = "bfloat16") -> dict:
+def analyze(remat: str, B: int, S: int, shape: dict = SHAPE_1P7B, dtype: str = "bfloat16",
+            save_probs: bool = False) -> dict:
     """FLOPs by (phase, dtypes) of one train step; phases split forward / rest by linearization."""
     import jax
     import jax.numpy as jnp
@@ -73,7 +85,7 @@ def analyze(remat: str, B: int, S: int, shape: dict = SHAPE_1P7B, dtype: str = "
     cfg = qwen3.Qwen3Config(**shape, dtype=dtype, remat=remat, attention="xla")
     params = qwen3.abstract_params(cfg)
     tx, sched = step_lib.make_optimizer(1e-6, 10)
-    sc = step_lib.StepConfig(loss=losses.LossConfig(), num_micro_batches=1, chunk_size=1024)
+    sc = step_lib.StepConfig(loss=losses.LossConfig(), num_micro_batches=1, chunk_size=1024, save_probs=save_probs)
     i32 = jax.ShapeDtypeStruct((B, S), jnp.int32)
     f32 = jax.ShapeDtypeStruct((B, S - 1), jnp.float32)
     batch = dict(tokens=i32, positions=i32, segment_ids=i32, loss_mask=jax.ShapeDtypeStruct((B, S - 1), jnp.int32),
@@ -94,18 +106,154 @@ def analyze(remat: str, B: int, S: int, shape: dict = SHAPE_1P7B, dtype: str = "
     return dict(forward=acc_f, step=acc_t, formula=formula, cfg=cfg)
 
 
+_DT_BYTES = {"f32": 4, "s32": 4, "u32": 4, "bf16": 2, "f16": 2, "pred": 1, "s8": 1, "u8": 1, "s64": 8, "f64": 8,
+             "u64": 8}
+_ARRAY = re.compile(r"\b(f32|s32|u32|bf16|f16|pred|s8|u8|s64|f64|u64)\[([0-9,]*)\]")
+_NO_TRAFFIC = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all", "partition-id",
+               "replica-id", "opt-barrier"}
+
+
+def _shape_bytes(text: str) -> int:
+    return sum(_DT_BYTES[dt] * math.prod(int(d) for d in dims.split(",") if d) for dt, dims in _ARRAY.findall(text))
+
+
+def _parse_hlo(text: str):
+    """Optimized HLO text -> ({computation: [instruction dicts]}, entry name)."""
+    comps, cur, entry = {}, None, None
+    for line in text.splitlines():
+        if line and not line.startswith(" ") and line.rstrip().endswith("{"):
+            is_entry = line.startswith("ENTRY")
+            name = (line.split()[1] if is_entry else line.split()[0]).lstrip("%")
+            cur = comps.setdefault(name, [])
+            entry = name if is_entry else entry
+            continue
+        m = re.match(r"\s*(ROOT\s+)?%(\S+)\s*=\s*(.*)$", line) if cur is not None else None
+        if not m:
+            continue
+        rest = m.group(3)
+        op = re.search(r"\s([a-z][a-z0-9\-_.]*)\(", rest)
+        if not op:
+            continue
+        args, depth, i = rest[op.end():], 1, 0
+        while i < len(args) and depth:
+            depth += {"(": 1, ")": -1}.get(args[i], 0)
+            i += 1
+        cur.append(dict(name=m.group(2), root=bool(m.group(1)), shape=rest[:op.start()], op=op.group(1),
+                        operands=re.findall(r"%([\w.\-]+)", args[:i - 1]), attrs=args[i:]))
+    return comps, entry
+
+
+def called_branches(x: dict, branches: str = "all") -> list:
+    """Computations a parsed ``conditional`` / ``call`` instruction runs: all of them, or
+    (``branches='last'``) only the last branch of a conditional: ``lax.cond``'s true branch."""
+    if x["op"] == "conditional" and branches == "last":
+        m = re.search(r"true_computation=%([\w.\-]+)", x["attrs"])
+        if m:
+            return [m.group(1)]
+        m = re.search(r"branch_computations=\{([^}]*)\}", x["attrs"])
+        return re.findall(r"%([\w.\-]+)", m.group(1))[-1:] if m else []
+    return re.findall(r"%([\w.\-]+)", x["attrs"])
+
+
+def hlo_bytes(text: str, branches: str = "all") -> dict:
+    """Bytes read + written by the top-level instructions of an optimized HLO module (each fusion
+    counted once with its operands and result; while bodies times their known trip count; a fusion
+    whose root is a dynamic-update-slice counted as twice its update; every branch of a
+    conditional, or with ``branches='last'`` only the last, see :func:`called_branches`). A proxy
+    for memory traffic on a backend that materializes every top-level result; returns {op kind:
+    bytes} plus 'total'."""
+    comps, entry = _parse_hlo(text)
+    acc = collections.Counter()
+
+    def walk(name, mult):
+        insts = comps.get(name, [])
+        shapes = {x["name"]: x["shape"] for x in insts}
+        for x in insts:
+            if x["op"] in _NO_TRAFFIC:
+                continue
+            if x["op"] == "while":
+                body = re.search(r"body=%([\w.\-]+)", x["attrs"]).group(1)
+                n = re.search(r'known_trip_count":\{"n":"(\d+)"', x["attrs"])
+                walk(body, mult * (int(n.group(1)) if n else 1))
+                continue
+            if x["op"] in ("conditional", "call"):
+                for c in called_branches(x, branches):
+                    walk(c, mult)
+                continue
+            out_b, in_b, kind = _shape_bytes(x["shape"]), [_shape_bytes(shapes.get(o, "")) for o in x["operands"]], x["op"]
+            if x["op"] == "fusion":
+                called = re.search(r"calls=%([\w.\-]+)", x["attrs"])
+                body = comps.get(called.group(1), []) if called else []
+                root = next((b for b in body if b["root"]), None)
+                kind = "fusion:" + (root["op"] if root else "?")
+                if root is not None and root["op"] == "dynamic-update-slice":
+                    upd = next((b["shape"] for b in body if b["name"] == root["operands"][1]), "")
+                    out_b, in_b = _shape_bytes(upd), [min(v, _shape_bytes(upd)) for v in in_b]
+            acc[kind] += mult * (out_b + sum(in_b))
+
+    walk(entry, 1)
+    acc["total"] = sum(acc.values())
+    return dict(acc)
+
+
+def analyze_head(B: int, S: int, chunk: int = 1024, E: int = 2048, V: int = 151936) -> dict:
+    """{form: (matmul FLOPs, temp bytes, hlo_bytes dict)} of the log-softmax head's forward+backward."""
+    import functools
+    import sys
+
+    import jax
+    import jax.numpy as jnp
+
+    from jaxrl.models import qwen3
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from train_step_mfu import _legacy_logprobs_from_hidden
+
+    forms = {"legacy": _legacy_logprobs_from_hidden,
+             "recompute": functools.partial(qwen3.logprobs_from_hidden, save_probs=False),
+             "save_probs": functools.partial(qwen3.logprobs_from_hidden, save_probs=True)}
+    h = jax.ShapeDtypeStruct((B, S, E), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((E, V), jnp.bfloat16)
+    t = jax.ShapeDtypeStruct((B, S), jnp.int32)
+    ab = jax.ShapeDtypeStruct((B, S), jnp.float32)
+    out = {}
+    for name, f in forms.items():
+        def loss(h, w, t, a, b, f=f):
+            lp, ent = f(h, w, t, 1.0, chunk)
+            return jnp.sum(a * lp + b * ent)
+
+        g = jax.grad(loss, argnums=(0, 1))
+        acc = collections.Counter()
+        _walk(jax.make_jaxpr(g)(h, w, t, ab, ab).jaxpr, 1, acc, "step")
+        compiled = jax.jit(g).lower(h, w, t, ab, ab).compile()
+        out[name] = (sum(acc.values()), compiled.memory_analysis().temp_size_in_bytes, hlo_bytes(compiled.as_text()))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--remat", default="full,save_dots,save_attention,save_dots_attention,none")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--head", action="store_true", help="analyze the log-softmax head alone (see above)")
+    ap.add_argument("--save-probs", action="store_true", help="StepConfig.save_probs=True (no logits recompute)")
     args = ap.parse_args(argv)
     T = 1e12
-    print(f"Qwen3-1.7B dims, B{args.batch} x S{args.seq}, bf16 compute; matmul TFLOP per train step")
+    if args.head:
+        print(f"log-softmax head alone, B{args.batch} x S{args.seq}, hidden 2048, vocab 151936, bf16, chunk 1024; "
+              f"forward + backward")
+        print(f"{'form':12s} {'matmul TFLOP':>12s} {'temp GiB':>9s} {'HLO GiB moved':>13s}  largest op kinds (GiB)")
+        for name, (flops, temp, by) in analyze_head(args.batch, args.seq).items():
+            kinds = sorted(((v, k) for k, v in by.items() if k != "total"), reverse=True)[:4]
+            print(f"{name:12s} {flops / T:12.2f} {temp / 2**30:9.2f} {by['total'] / 2**30:13.1f}  "
+                  + ", ".join(f"{k} {v / 2**30:.1f}" for v, k in kinds))
+        return
+    print(f"Qwen3-1.7B dims, B{args.batch} x S{args.seq}, bf16 compute, save_probs={args.save_probs}; "
+          f"matmul TFLOP per train step")
     print(f"{'remat':22s} {'fwd':>7s} {'step':>7s} {'step/fwd':>8s} {'attn-loop':>9s} {'f32 GEMM':>8s} "
           f"{'formula':>8s} {'step/formula':>12s}")
     for remat in args.remat.split(","):
-        r = analyze(remat, args.batch, args.seq)
+        r = analyze(remat, args.batch, args.seq, save_probs=args.save_probs)
         fwd = sum(v for (ph, _), v in r["forward"].items() if ph != "attention")
         step = sum(v for (ph, _), v in r["step"].items() if ph != "attention")
         attn = sum(v for (ph, _), v in r["step"].items() if ph == "attention")

@@ -21,5 +21,7 @@ def get_config(scale: str = ""):
     a.off_policy_correction.tis_ratio_type = "token"
     a.off_policy_correction.token_tis_ratio_clip_high = 2.0
     a.temperature = 1.0
-    c.generator.sampling_params.temperature = 1.0
+    c.generator.sampling_params.temperature = 1.0  # the symclip seed run sampled at 1.0 / top-p 1 / no top-k
+    c.generator.sampling_params.top_p = 1.0
+    c.generator.sampling_params.top_k = -1
     return c

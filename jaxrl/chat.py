@@ -25,23 +25,44 @@ from absl import flags
 
 from jaxrl import cli
 
-_MODEL = flags.DEFINE_string("model", None, "Policy: an HF checkpoint directory (a run's best/) or a published "
-                             "version WORKDIR/sync/<version>.")
-_RUN_CONFIG = flags.DEFINE_string("run_config", None, "The run's rl_config.json (default: next to --model).")
-_PROMPT = flags.DEFINE_string("prompt", None, "Answer this one message and exit (prints only the answer).")
-_SYSTEM = flags.DEFINE_string("system", None, "System message (default: the run's; '' = none).")
-_THINKING = flags.DEFINE_enum("thinking", None, ["true", "false"], "Thinking mode (default: the run's "
-                              "generator.enable_thinking).")
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 0, "Tokens per answer (0: the run's "
-                                "generator.sampling_params.max_generate_length, or 512 without a run config).")
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 = greedy (argmax).")
-_TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus mass when sampling.")
-_TOP_K = flags.DEFINE_integer("top_k", -1, "Top-k when sampling (-1: off).")
-_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed (the k-th answer uses seed + k).")
-_DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Engine compute dtype (default: the run's "
-                           "model.compute_dtype, float32 without a run config).")
-_MAX_SEQ = flags.DEFINE_integer("max_seq_len", 4096, "Longest conversation in tokens (prompt + answer).")
-_SHOW_PROMPT = flags.DEFINE_bool("show_prompt", False, "Print each rendered prompt to stderr.")
+# The command's flags are registered by its entry point only (define_flags), so that several
+# jaxrl commands (main, plan, evaluate, chat) can be imported into one process without absl's
+# DuplicateFlagError on their shared names (--config, --model).
+_MODEL = None
+_RUN_CONFIG = None
+_PROMPT = None
+_SYSTEM = None
+_THINKING = None
+_MAX_NEW = None
+_TEMPERATURE = None
+_TOP_P = None
+_TOP_K = None
+_SEED = None
+_DTYPE = None
+_MAX_SEQ = None
+_SHOW_PROMPT = None
+
+
+def define_flags() -> None:
+    """Registers this command's absl flags (called once, by `python -m` of this module)."""
+    global _MODEL, _RUN_CONFIG, _PROMPT, _SYSTEM, _THINKING, _MAX_NEW, _TEMPERATURE, _TOP_P, _TOP_K, _SEED, _DTYPE, _MAX_SEQ, _SHOW_PROMPT
+    _MODEL = flags.DEFINE_string("model", None, "Policy: an HF checkpoint directory (a run's best/) or a published "
+                                 "version WORKDIR/sync/<version>.")
+    _RUN_CONFIG = flags.DEFINE_string("run_config", None, "The run's rl_config.json (default: next to --model).")
+    _PROMPT = flags.DEFINE_string("prompt", None, "Answer this one message and exit (prints only the answer).")
+    _SYSTEM = flags.DEFINE_string("system", None, "System message (default: the run's; '' = none).")
+    _THINKING = flags.DEFINE_enum("thinking", None, ["true", "false"], "Thinking mode (default: the run's "
+                                  "generator.enable_thinking).")
+    _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 0, "Tokens per answer (0: the run's "
+                                    "generator.sampling_params.max_generate_length, or 512 without a run config).")
+    _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 = greedy (argmax).")
+    _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus mass when sampling.")
+    _TOP_K = flags.DEFINE_integer("top_k", -1, "Top-k when sampling (-1: off).")
+    _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed (the k-th answer uses seed + k).")
+    _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Engine compute dtype (default: the run's "
+                               "model.compute_dtype, float32 without a run config).")
+    _MAX_SEQ = flags.DEFINE_integer("max_seq_len", 4096, "Longest conversation in tokens (prompt + answer).")
+    _SHOW_PROMPT = flags.DEFINE_bool("show_prompt", False, "Print each rendered prompt to stderr.")
 
 
 class Chat:
@@ -185,4 +206,5 @@ def _answer(session: Chat, text: str) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    define_flags()
     cli.run(main, __doc__, keys_hint=False)

@@ -46,6 +46,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.remat = "none"  # none | full | save_dots | save_attention | save_dots_attention
     c.model.attention_impl = "xla"  # xla (blocked flash, any backend) | cudnn (GPU) | splash (TPU)
     c.model.logprobs_chunk_size = 1024  # tokens per chunk of the chunked log-softmax
+    c.model.logprobs_save_probs = False  # keep exp(logits - max) for the backward pass (no logits recompute)
     c.model.preset = ""  # Qwen3 preset (e.g. "8B") used by `jaxrl.plan` when model.path is empty
 
     # ---- device mesh ----------------------------------------------------------------------
@@ -56,11 +57,19 @@ def base_config() -> ml_collections.ConfigDict:
 
     # ---- tasks / data ---------------------------------------------------------------------
     c.data = ml_collections.ConfigDict()
-    c.data.task = "arithmetic"  # a registered built-in task, or "dataset" (see dataset_path)
-    c.data.dataset_path = ""  # JSONL or Parquet prompts; only with task == "dataset" (an error otherwise)
+    c.data.task = "arithmetic"  # a registered built-in task, "dataset" (see dataset_path) or "harbor"
+    # task == "dataset": a JSONL / Parquet prompt file, or a Harbor task set (below); task == "harbor":
+    # a Harbor task set: a task directory, a folder of tasks, a DCAgent .parquet (columns path,
+    # task_binary) or `family:<name>:<first>-<last>` (a templated family, jaxrl/envs/harbor/families.py).
+    # Only with task "dataset" / "harbor" (an error otherwise).
+    c.data.dataset_path = ""
+    # Harbor task sets: run the verifier sanity gate (oracle must score 1, an empty agent 0) before
+    # training and leave out (and log) the tasks that fail it.
+    c.data.verify_tasks = False
     c.data.eval_task = ""  # "" = the held-out split of `task`
     # Held-out prompts of a dataset run: a file of its own, or a share of the training file.
-    c.data.eval_dataset_path = ""  # JSONL or Parquet, the row format of dataset_path
+    # Harbor task sets: a held-out task set; "" = hold out num_eval_prompts tasks of dataset_path.
+    c.data.eval_dataset_path = ""  # JSONL or Parquet, the row format of dataset_path (or a Harbor task set)
     c.data.eval_fraction = 0.05  # task=dataset without eval_dataset_path: share of the file's prompts held out
     c.data.eval_split_seed = 0  # seed of that split (not `seed`: runs with other seeds share the held-out set)
     c.data.num_eval_prompts = 200  # 0 = no held-out evaluation
@@ -85,6 +94,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.generator.colocate_with_trainer = False  # backend=vllm: the vLLM sidecars share the trainer's GPUs
     c.generator.n_samples_per_prompt = 8
     c.generator.max_turns = 1
+    # Longest input (prompt + conversation so far) one turn may be sent with, i.e. the agent's
+    # context (Terminus's max_input_tokens); reaching it ends the episode (`length`). 0 = only the
+    # trajectory budget (trainer.algorithm.max_seq_len / rollout_max_seq_len) applies.
+    c.generator.max_input_tokens = 0
     c.generator.enable_thinking = False
     # A turn cut by max_generate_length is never executed (its tool calls do not run); True runs it.
     c.generator.execute_truncated_turns = False
@@ -100,6 +113,16 @@ def base_config() -> ml_collections.ConfigDict:
     # do; a group's delay is episode_delay_s * (1 + jitter * (2u - 1)), u uniform from (seed, prompt).
     c.generator.episode_delay_s = 0.0
     c.generator.episode_delay_jitter = 0.0
+
+    # ---- Harbor terminal tasks (the Terminus-style agent loop, jaxrl/envs/harbor/agent.py) ----
+    c.harbor = ml_collections.ConfigDict()
+    c.harbor.prompt_style = "terminus"  # terminus (the seed runs' agent) | compact (the small embedded policy)
+    c.harbor.agent_timeout_sec = 0.0  # the agent's wall-clock budget per trial; 0 = each task's [agent] timeout_sec
+    c.harbor.verifier_timeout_sec = 0.0  # 0 = each task's [verifier] timeout_sec
+    c.harbor.command_timeout_sec = 60.0  # cap on one command's wait (Terminus: 60 s)
+    c.harbor.max_output_bytes = 10000  # terminal output per observation, head and tail kept (Terminus: 10 kB)
+    c.harbor.concurrency = 0  # threads driving the trials of a step; 0 = one per trial, up to max(16, 8 x cores)
+    c.harbor.keep_trial_logs = False  # keep each trial's logs/ and result.json under workdir/trials/
 
     # ---- trainer --------------------------------------------------------------------------
     c.trainer = ml_collections.ConfigDict()
@@ -199,16 +222,19 @@ KEY_DOCS: dict[str, str] = {
                    "save_dots_attention",
     "model.attention_impl": "attention kernel: xla (blocked flash, any backend) | cudnn (NVIDIA GPU) | splash (TPU)",
     "model.logprobs_chunk_size": "tokens per chunk of the chunked log-softmax (never builds [N, T, vocab])",
+    "model.logprobs_save_probs": "keep exp(logits - max), tokens x vocab in the compute dtype, for the backward "
+                                 "pass (no logits recompute)",
     "model.preset": "Qwen3 size (e.g. '8B') that jaxrl.plan compiles when model.path is ''",
     # mesh
     "mesh.data": "devices on the data-parallel mesh axis; -1 = all remaining devices",
     "mesh.fsdp": "devices on the FSDP mesh axis (params and optimizer state sharded); -1 = all remaining",
     "mesh.tensor": "devices on the tensor-parallel mesh axis (heads and MLP split); -1 = all remaining",
     # data
-    "data.task": "training prompts: a built-in task (arithmetic, arithmetic_partial, calculator) or 'dataset'",
-    "data.dataset_path": "JSONL or Parquet prompt file, read when data.task=dataset (row format: docs/usage.md)",
+    "data.task": "training prompts: arithmetic | arithmetic_partial | calculator | dataset | harbor (terminal tasks)",
+    "data.dataset_path": "JSONL/Parquet prompt file (docs/usage.md) or a Harbor task set (docs/terminal_tasks.md)",
+    "data.verify_tasks": "Harbor runs: verifier sanity gate first (oracle 1, empty agent 0); failing tasks left out",
     "data.eval_task": "built-in task whose held-out split is evaluated; '' = the held-out split of data.task",
-    "data.eval_dataset_path": "JSONL or Parquet file of held-out prompts (the dataset row format); '' = none",
+    "data.eval_dataset_path": "JSONL or Parquet file of held-out prompts, or a held-out Harbor task set; '' = none",
     "data.eval_fraction": "data.task=dataset without eval_dataset_path: share of the file's distinct prompts "
                           "held out",
     "data.eval_split_seed": "seed of the eval_fraction split (not `seed`: runs with other seeds share it)",
@@ -225,6 +251,7 @@ KEY_DOCS: dict[str, str] = {
     "generator.colocate_with_trainer": "backend=vllm: the vLLM sidecars share the trainer's GPUs",
     "generator.n_samples_per_prompt": "samples per prompt: one group of n trajectories for the group advantages",
     "generator.max_turns": "assistant turns per trajectory (1 = single-turn; more for tools and multi-turn envs)",
+    "generator.max_input_tokens": "longest input (tokens) of one turn, the agent's context; 0 = only max_seq_len",
     "generator.enable_thinking": "Qwen3 thinking mode of the chat template (False: empty <think></think> in "
                                  "the prompt)",
     "generator.execute_truncated_turns": "run the tool calls of a turn cut by max_generate_length (False: never)",
@@ -237,6 +264,14 @@ KEY_DOCS: dict[str, str] = {
     "generator.eval_sampling_params.greedy": "held-out evaluation decodes greedily (argmax)",
     "generator.episode_delay_s": "benchmark/test knob: every episode takes at least this long (s); 0 = off",
     "generator.episode_delay_jitter": "spread of episode_delay_s per prompt, in [0, 1]: d x (1 + jitter x (2u - 1))",
+    # Harbor terminal tasks
+    "harbor.prompt_style": "agent prompt: terminus (Terminus-2, the seed runs') | compact (embedded terminal policy)",
+    "harbor.agent_timeout_sec": "agent's wall-clock budget per trial (s); 0 = the task's [agent] timeout_sec",
+    "harbor.verifier_timeout_sec": "verifier's wall-clock limit per trial (s); 0 = the task's [verifier] timeout_sec",
+    "harbor.command_timeout_sec": "cap in seconds on one command's wait (Terminus: 60)",
+    "harbor.max_output_bytes": "terminal output bytes per observation, head and tail kept (Terminus: 10000)",
+    "harbor.concurrency": "threads driving the trials of a step; 0 = one per trial, up to max(16, 8 x cores)",
+    "harbor.keep_trial_logs": "keep each trial's logs/ and result.json under workdir/trials/",
     # trainer
     "trainer.num_steps": "RL steps (one rollout batch each); raise it and rerun to continue a finished run",
     "trainer.train_batch_size": "prompts per RL step, each sampled n_samples_per_prompt times",
@@ -407,8 +442,13 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     2-core CPU. The tiny policy needs a larger learning rate than the 8B recipe's 8e-6 to move
     within a few dozen steps, so this scale raises it (the algorithm is otherwise unchanged).
     "qwen3_8b": the cluster recipe: a Qwen3-8B HF checkpoint (model.path required), bf16
-    compute, full remat, cuDNN attention, FSDP over 8 devices per replica, vLLM sidecars,
-    a 32k-token context.
+    compute, full remat, cuDNN attention, FSDP over 8 devices per replica, vLLM sidecars, and
+    the seed runs' terminal-agent settings: `data.dataset_path` takes a Harbor task set (task
+    directory, folder, DCAgent .parquet) as well as a prompt file; the Terminus prompt, agent
+    900 s, verifier 120 s, the verifier sanity gate, sampling temperature 0.7 / top-p 0.95 /
+    top-k 20, a 32k-token context (32,000 input tokens) and 4,096 tokens per turn. With top-p /
+    top-k on at T != 1 no vLLM mode returns "full" logprobs, so `generator.logprobs_mode` is
+    "sampled" (vLLM --logprobs-mode processed_logprobs: the distribution actually sampled).
 
     Raises:
       ConfigError: for an unknown scale name.
@@ -434,8 +474,17 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     c.generator.backend = "vllm"
     c.generator.gpu_memory_utilization = 0.85  # split layout: vLLM on its own nodes (README "GPU memory")
     c.trainer.gpu_memory_fraction = 0.9  # split layout: the trainer alone on its GPUs
-    c.generator.max_turns = 32
+    c.generator.max_turns = 1000  # Terminus has no turn limit: the agent budget and the context end episodes
     c.generator.sampling_params.max_generate_length = 4096
+    c.generator.max_input_tokens = 32000
+    sp = c.generator.sampling_params
+    sp.temperature, sp.top_p, sp.top_k = 0.7, 0.95, 20
+    c.trainer.algorithm.temperature = 0.7  # pi_old at the sampling temperature
+    c.generator.logprobs_mode = "sampled"  # the only definition vLLM returns at these settings
+    c.data.verify_tasks = True
+    c.harbor.prompt_style = "terminus"
+    c.harbor.agent_timeout_sec = 900.0
+    c.harbor.verifier_timeout_sec = 120.0
     c.trainer.algorithm.max_seq_len = 32768
     c.trainer.num_steps = 200
     c.trainer.train_batch_size = 64
@@ -600,30 +649,38 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
 
     for key in ("data.task", "data.eval_task"):
         name = c.data.task if key == "data.task" else c.data.eval_task
-        if name and not (key == "data.task" and name == "dataset"):
+        if name and not (key == "data.task" and name in ("dataset", "harbor")):
             _require(name in TASK_REGISTRY, key, f"unknown task {name!r}",
-                     f"use one of {sorted(TASK_REGISTRY)}" + (" or 'dataset'" if key == "data.task" else ""))
+                     f"use one of {sorted(TASK_REGISTRY)}" + (", 'dataset' or 'harbor'" if key == "data.task" else ""))
+    _validate_harbor(c, check_inputs)
     # Model / data.
     _require(c.model.compute_dtype in ("float32", "bfloat16"), "model.compute_dtype",
              f"unknown dtype {c.model.compute_dtype!r}", "use 'float32' or 'bfloat16'")
     _require(c.model.remat in ("none", "full", "save_dots", "save_attention", "save_dots_attention"), "model.remat",
              f"unknown policy {c.model.remat!r}",
              "use 'none', 'full', 'save_dots', 'save_attention' or 'save_dots_attention'")
+    _require(isinstance(c.model.logprobs_save_probs, bool), "model.logprobs_save_probs", "must be True or False",
+             "use --config.model.logprobs_save_probs=True or False")
     _require(c.model.attention_impl in ("xla", "cudnn", "splash"), "model.attention_impl",
              f"unknown implementation {c.model.attention_impl!r}",
              "use 'xla' (any backend), 'cudnn' (NVIDIA GPU) or 'splash' (TPU)")
-    if c.data.task == "dataset" and check_inputs:
-        _require(bool(c.data.dataset_path) and os.path.exists(c.data.dataset_path), "data.dataset_path",
-                 f"{c.data.dataset_path!r} does not exist", "point it at a .jsonl or .parquet prompt file")
+    if c.data.task in ("dataset", "harbor") and check_inputs:
+        from jaxrl.envs.harbor.dataset import spec_exists
+
+        _require(bool(c.data.dataset_path) and spec_exists(c.data.dataset_path), "data.dataset_path",
+                 f"{c.data.dataset_path!r} does not exist",
+                 "point it at a .jsonl or .parquet prompt file" if c.data.task == "dataset" else
+                 "point it at a Harbor task directory, a folder of tasks, a DCAgent .parquet, or use "
+                 "family:<name>:<first>-<last>")
     _require(0.0 <= c.data.eval_fraction < 1.0, "data.eval_fraction", f"{c.data.eval_fraction} is outside [0, 1)",
              "use e.g. 0.05 (5% of the training file's prompts held out), or 0 for none")
     _require(not (c.data.eval_dataset_path and c.data.eval_task), "data.eval_dataset_path",
              f"both data.eval_dataset_path={c.data.eval_dataset_path!r} and data.eval_task={c.data.eval_task!r} "
              "are set", "keep one held-out set: drop data.eval_task or data.eval_dataset_path")
-    if c.data.eval_dataset_path and check_inputs:
+    if c.data.eval_dataset_path and check_inputs and not _is_harbor_run(c):
         _require(os.path.isfile(c.data.eval_dataset_path), "data.eval_dataset_path",
                  f"{c.data.eval_dataset_path!r} does not exist", "point it at a .jsonl or .parquet prompt file")
-    _require(c.data.task == "dataset" or not c.data.dataset_path, "data.dataset_path",
+    _require(c.data.task in ("dataset", "harbor") or not c.data.dataset_path, "data.dataset_path",
              f"{c.data.dataset_path!r} is set but data.task={c.data.task!r} does not read it (it trains on the "
              "built-in task)", "add --config.data.task=dataset to train on the file, or drop data.dataset_path")
     # Mesh.
@@ -712,6 +769,49 @@ def _validate_async(c: ml_collections.ConfigDict) -> None:
                  "off_policy_correction.tis_ratio_type is anchored on pi_old only, so nothing corrects for it",
                  "set --config.trainer.algorithm.off_policy_correction.tis_ratio_type=token (or sequence), or use "
                  "trainer.async_rl.mode=sync or max_staleness_steps=0")
+
+
+def _is_harbor_run(c: ml_collections.ConfigDict) -> bool:
+    """True when the run trains on Harbor tasks: data.task=harbor, or data.task=dataset with a
+    dataset_path that is a Harbor task set (a directory, a DCAgent Parquet, a family spec)."""
+    if c.data.task == "harbor":
+        return True
+    if c.data.task != "dataset" or not c.data.dataset_path:
+        return False
+    from jaxrl.envs.harbor.dataset import is_task_set
+
+    return is_task_set(c.data.dataset_path)
+
+
+def _validate_harbor(c: ml_collections.ConfigDict, check_inputs: bool) -> None:
+    """The `harbor.*` keys and the Harbor-only `data.*` keys."""
+    from jaxrl.envs.harbor.agent import PROMPT_STYLES
+
+    h, d = c.harbor, c.data
+    _require(h.prompt_style in PROMPT_STYLES, "harbor.prompt_style", f"unknown style {h.prompt_style!r}",
+             f"use one of {sorted(PROMPT_STYLES)}")
+    for key in ("agent_timeout_sec", "verifier_timeout_sec"):
+        v = h[key]
+        _require(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, f"harbor.{key}", f"{v!r} is not a duration",
+                 "use seconds > 0, or 0 for each task's own value from task.toml")
+    _require(h.command_timeout_sec > 0, "harbor.command_timeout_sec", f"{h.command_timeout_sec!r} must be > 0",
+             "use 60 (Terminus's cap on one command)")
+    _require(int(h.max_output_bytes) >= 64, "harbor.max_output_bytes", f"{h.max_output_bytes!r} is too small",
+             "use 10000 (Terminus)")
+    _require(int(h.concurrency) >= 0, "harbor.concurrency", f"{h.concurrency!r} must be >= 0",
+             "use 0 (one thread per trial, up to max(16, 8 x cores)) or a thread count")
+    _require(isinstance(d.verify_tasks, bool), "data.verify_tasks", "must be True or False",
+             "use True to gate Harbor tasks before training")
+    _require(c.generator.max_input_tokens >= 0, "generator.max_input_tokens",
+             f"{c.generator.max_input_tokens} must be >= 0", "use 0 (no limit besides max_seq_len) or e.g. 32000")
+    if d.task == "harbor":
+        _require(not d.eval_task, "data.eval_task", f"{d.eval_task!r}: a built-in task cannot evaluate a Harbor run",
+                 "drop data.eval_task; give held-out Harbor tasks with data.eval_dataset_path")
+    if d.eval_dataset_path and check_inputs and _is_harbor_run(c):
+        from jaxrl.envs.harbor.dataset import spec_exists
+
+        _require(spec_exists(d.eval_dataset_path), "data.eval_dataset_path", f"{d.eval_dataset_path!r} does not exist",
+                 "point it at a Harbor task directory, folder, DCAgent .parquet or family:<name>:<first>-<last>")
 
 
 def logprob_diff_warn_threshold(c: ml_collections.ConfigDict) -> float:

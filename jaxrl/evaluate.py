@@ -29,13 +29,24 @@ from ml_collections import config_flags
 
 from jaxrl import cli
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Recipe whose held-out set to use, e.g. "
-                                          "configs/rloo.py[:scale] (default: the run config next to --model).",
-                                          lock_config=True)
-_MODEL = flags.DEFINE_string("model", None, "Policy: an HF checkpoint directory (a run's best/, the starting model) "
-                             "or a published version WORKDIR/sync/<version>.")
-_OUTPUT = flags.DEFINE_string("output", None, "Also write the result, with every prompt's answer and reward, to "
-                              "this JSON file.")
+# The command's flags are registered by its entry point only (define_flags), so that several
+# jaxrl commands (main, plan, evaluate, chat) can be imported into one process without absl's
+# DuplicateFlagError on their shared names (--config, --model).
+_CONFIG = None
+_MODEL = None
+_OUTPUT = None
+
+
+def define_flags() -> None:
+    """Registers this command's absl flags (called once, by `python -m` of this module)."""
+    global _CONFIG, _MODEL, _OUTPUT
+    _CONFIG = config_flags.DEFINE_config_file("config", None, "Recipe whose held-out set to use, e.g. "
+                                              "configs/rloo.py[:scale] (default: the run config next to --model).",
+                                              lock_config=True)
+    _MODEL = flags.DEFINE_string("model", None, "Policy: an HF checkpoint directory (a run's best/, the starting model) "
+                                 "or a published version WORKDIR/sync/<version>.")
+    _OUTPUT = flags.DEFINE_string("output", None, "Also write the result, with every prompt's answer and reward, to "
+                                  "this JSON file.")
 
 
 def evaluate_policy(model: str, c, config_source: str = "") -> dict[str, Any]:
@@ -74,8 +85,16 @@ def evaluate_policy(model: str, c, config_source: str = "") -> dict[str, Any]:
     sampler, tokenizer_dir, what = policy.load_engine(model, c, max_seq_len=config_lib.rollout_max_seq_len(c),
                                                       max_batch_rows=evaluation.engine_batch_rows(c))
     chat = policy.training_chat_template(tokenizer_dir, c.generator.enable_thinking)
+    make_env, rollout_cfg = None, evaluation.rollout_config
+    if source.harbor is not None:  # Harbor terminal tasks: each a sandboxed trial (trial dirs in a temp folder)
+        import dataclasses
+        import tempfile
+
+        make_env = source.harbor.make_env_factory(tempfile.mkdtemp(prefix="jaxrl-eval-"))
+        rollout_cfg = lambda c, n: dataclasses.replace(  # noqa: E731
+            evaluation.rollout_config(c, n), env_workers=source.harbor.concurrency(len(tasks) * n))
     result, trajs = evaluation.evaluate(
-        c, tasks, lambda t, sampling, n: run_rollouts(sampler, chat, t, sampling, evaluation.rollout_config(c, n)))
+        c, tasks, lambda t, sampling, n: run_rollouts(sampler, chat, t, sampling, rollout_cfg(c, n), make_env=make_env))
     rate = result["eval/success_rate"]
     return {
         "success_rate": rate, "avg_reward": result["eval/avg_reward"], "num_prompts": len(trajs),
@@ -126,4 +145,5 @@ def main(argv):
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    define_flags()
     cli.run(main, __doc__)

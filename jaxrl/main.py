@@ -20,9 +20,19 @@ from ml_collections import config_flags
 
 from jaxrl import cli
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Recipe file, e.g. configs/rloo.py[:scale].",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<recipe name>).")
+# The command's flags are registered by its entry point only (define_flags), so that several
+# jaxrl commands (main, plan, evaluate, chat) can be imported into one process without absl's
+# DuplicateFlagError on their shared names (--config, --model).
+_CONFIG = None
+_WORKDIR = None
+
+
+def define_flags() -> None:
+    """Registers this command's absl flags (called once, by `python -m` of this module)."""
+    global _CONFIG, _WORKDIR
+    _CONFIG = config_flags.DEFINE_config_file("config", None, "Recipe file, e.g. configs/rloo.py[:scale].",
+                                              lock_config=True)
+    _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<recipe name>).")
 
 
 def main(argv):
@@ -75,4 +85,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.run(main, __doc__)

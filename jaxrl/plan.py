@@ -26,16 +26,29 @@ from ml_collections import config_flags
 
 from jaxrl import cli
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Recipe file, e.g. configs/rloo.py:qwen3_8b.")
-_NUM_DEVICES = flags.DEFINE_integer("num_devices", 0, "Fake devices (0: the product of the config's mesh axes, "
-                                    "or 8 when one axis is -1).")
-_SEQ_LEN = flags.DEFINE_integer("seq_len", 0, "Padded sequence length (0: the largest seq_len_bucket that "
-                                "max_seq_len / generator limits need).")
-_ATTENTION = flags.DEFINE_string("attention", "xla", "Attention implementation to compile on CPU (cuDNN is GPU-only; "
-                                 "the default blocked kernel's memory is linear in T, as cuDNN's).")
-_DEVICE_MEMORY = flags.DEFINE_float("device_memory_gib", 140.0, "Memory of one GPU in GiB (nvidia-smi's total / "
-                                   "1024), for the trainer's share trainer.gpu_memory_fraction: about 140 on an H200, "
-                                   "79.6 on an H100 80GB.")
+# The command's flags are registered by its entry point only (define_flags), so that several
+# jaxrl commands (main, plan, evaluate, chat) can be imported into one process without absl's
+# DuplicateFlagError on their shared names (--config, --model).
+_CONFIG = None
+_NUM_DEVICES = None
+_SEQ_LEN = None
+_ATTENTION = None
+_DEVICE_MEMORY = None
+
+
+def define_flags() -> None:
+    """Registers this command's absl flags (called once, by `python -m` of this module)."""
+    global _CONFIG, _NUM_DEVICES, _SEQ_LEN, _ATTENTION, _DEVICE_MEMORY
+    _CONFIG = config_flags.DEFINE_config_file("config", None, "Recipe file, e.g. configs/rloo.py:qwen3_8b.")
+    _NUM_DEVICES = flags.DEFINE_integer("num_devices", 0, "Fake devices (0: the product of the config's mesh axes, "
+                                        "or 8 when one axis is -1).")
+    _SEQ_LEN = flags.DEFINE_integer("seq_len", 0, "Padded sequence length (0: the largest seq_len_bucket that "
+                                    "max_seq_len / generator limits need).")
+    _ATTENTION = flags.DEFINE_string("attention", "xla", "Attention implementation to compile on CPU (cuDNN is GPU-only; "
+                                     "the default blocked kernel's memory is linear in T, as cuDNN's).")
+    _DEVICE_MEMORY = flags.DEFINE_float("device_memory_gib", 140.0, "Memory of one GPU in GiB (nvidia-smi's total / "
+                                       "1024), for the trainer's share trainer.gpu_memory_fraction: about 140 on an H200, "
+                                       "79.6 on an H100 80GB.")
 
 
 def _gib(x: int) -> str:
@@ -78,7 +91,8 @@ def plan(c, num_devices: int, seq_len: int, attention: str = "xla") -> dict:
     offload = c.trainer.optimizer.offload
     step_cfg = step_lib.StepConfig(loss=loss_cfg, temperature=a.temperature,
                                    num_micro_batches=rows // c.trainer.micro_batch_size,
-                                   chunk_size=c.model.logprobs_chunk_size, offload=offload)
+                                   chunk_size=c.model.logprobs_chunk_size,
+                                   save_probs=c.model.logprobs_save_probs, offload=offload)
     tx, sched = step_lib.make_optimizer(c.trainer.optimizer.lr, 1000, max_grad_norm=c.trainer.optimizer.max_grad_norm)
     abs_opt = jax.eval_shape(tx.init, abstract)
     moments_host, master_host = step_lib.offloaded(offload)
@@ -177,4 +191,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.run(main, __doc__)

@@ -184,3 +184,18 @@ def test_library_noise_is_silenced_but_real_warnings_show():
     bare = subprocess.run([sys.executable, "-c", _NOISE_PROBE.replace("import jaxrl\n", "")], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=120)
     assert "PyTorch was not found" in bare.stderr or "None of PyTorch" in bare.stderr
+
+
+def test_every_command_module_imports_into_one_process_and_keeps_its_help():
+    """Regression: jaxrl.main, jaxrl.plan, jaxrl.evaluate and jaxrl.chat registered their absl flags at
+    import time, so importing two of them in one process (a notebook, a test session) raised
+    DuplicateFlagError on --config / --model. Flags are now registered by each command's entry point."""
+    code = ("import jaxrl.main, jaxrl.plan, jaxrl.evaluate, jaxrl.chat; from absl import flags; "
+            "print(sorted(n for n in ('config', 'model', 'workdir', 'num_devices') if n in flags.FLAGS))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"  # importing registers nothing
+    for module, own_flag in [("jaxrl.main", "--workdir"), ("jaxrl.plan", "--num_devices"),
+                             ("jaxrl.evaluate", "--model"), ("jaxrl.chat", "--max_new_tokens")]:
+        r = _run(module, "--help")
+        assert r.returncode == 0 and own_flag in r.stdout, (module, r.stdout[-1000:], r.stderr[-1000:])

@@ -1,5 +1,6 @@
-"""The project's documents cannot rot silently: every code reference in docs/architecture.md names
-something that exists.
+"""The project's documents cannot rot silently: every code reference in docs/architecture.md and
+docs/recipes.md names something that exists, and docs/recipes.md covers every shipped recipe, scale
+and `trainer.algorithm.*` key.
 
 References are resolved statically (by reading the source with `ast`), so this test imports no
 module of jaxrl except `jaxrl.config` and runs in well under a second.
@@ -16,6 +17,8 @@ from jaxrl import config as config_lib
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 ARCH = DOCS / "architecture.md"
+RECIPES = DOCS / "recipes.md"
+CHECKED_DOCS = [ARCH, RECIPES]
 
 # `jaxrl/train/trainer.py:Trainer._rl_step`, `jaxrl/rl/losses.py:micro_batch_loss`, `configs/rloo.py`
 FILE_REF = re.compile(r"`((?:jaxrl|configs|launch|tests|bench|scripts|notebooks)/[\w./-]+\.(?:py|sh|ipynb))"
@@ -95,7 +98,7 @@ def test_architecture_exists_and_readme_points_to_it():
         assert re.search(rf"^## {n}\. ", ARCH.read_text(), re.M), f"section §{n} is missing"
 
 
-@pytest.mark.parametrize("doc", [ARCH], ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", CHECKED_DOCS, ids=lambda p: p.name)
 def test_file_and_function_references_exist(doc):
     refs = _refs(doc, FILE_REF)
     assert refs
@@ -109,13 +112,13 @@ def test_file_and_function_references_exist(doc):
     assert not missing, f"{doc.name} names code that does not exist: {missing}"
 
 
-@pytest.mark.parametrize("doc", [ARCH], ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", CHECKED_DOCS, ids=lambda p: p.name)
 def test_dotted_references_exist(doc):
     missing = [ref for ref in _refs(doc, DOTTED_REF) if not _resolve_dotted(ref)]
     assert not missing, f"{doc.name} names modules or attributes that do not exist: {missing}"
 
 
-@pytest.mark.parametrize("doc", [ARCH], ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", CHECKED_DOCS, ids=lambda p: p.name)
 def test_config_keys_exist(doc):
     keys = set(config_lib.flatten(config_lib.base_config()))
     prefixes = {k.rsplit(".", i)[0] for k in keys for i in range(1, k.count(".") + 1)}
@@ -124,7 +127,7 @@ def test_config_keys_exist(doc):
     assert not missing, f"{doc.name} names config keys that do not exist: {missing}"
 
 
-@pytest.mark.parametrize("doc", [ARCH], ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", CHECKED_DOCS, ids=lambda p: p.name)
 def test_links_resolve(doc):
     missing = [link for link in MD_LINK.findall(doc.read_text())
                if not link.startswith("http") and not (doc.parent / link).exists()]
@@ -143,3 +146,55 @@ def test_resolver_rejects_what_does_not_exist():
     assert FILE_REF.findall(text) == [("jaxrl/rl/losses.py", "micro_batch_loss"), ("jaxrl/rl/nope.py", "f")]
     assert CONFIG_REF.findall(text) == ["trainer.algorithm.eps_clip_low"]
 
+
+
+def _section(text: str, heading: str) -> str:
+    """The body of the `## heading` section of a markdown text (up to the next `## `), or ''."""
+    m = re.search(rf"^## {re.escape(heading)}\s*$(.*?)(?=^## |\Z)", text, re.M | re.S)
+    return m.group(1) if m else ""
+
+
+def _table_rows(section: str):
+    """(first cell, whole row) of every markdown table row of `section`, header and rulers excluded."""
+    rows = [line for line in section.splitlines() if line.startswith("|") and not re.match(r"^\|[-| ]+\|$", line)]
+    return [(row.split("|")[1].strip(), row) for row in rows[1:]] if rows else []
+
+
+def test_recipes_doc_covers_every_shipped_recipe_and_scale():
+    text = RECIPES.read_text()
+    table = _section(text, "Shipped recipes")
+    listed = {re.sub(r"`(configs/[\w]+\.py)`.*", r"\1", cell) for cell, _ in _table_rows(table)}
+    shipped = {f"configs/{p.name}" for p in (ROOT / "configs").glob("*.py") if not p.name.startswith("_")}
+    assert shipped <= listed, f"docs/recipes.md 'Shipped recipes' lacks {sorted(shipped - listed)}"
+    for scale in config_lib.SCALES:
+        if scale and scale != "cpu":
+            assert f":{scale}" in text, f"docs/recipes.md does not describe the scale :{scale}"
+
+
+# The seed ablations, built on configs/rloo.py: their row must state every value they change.
+SEED_ABLATIONS = ("configs/seqmean.py", "configs/symclip.py", "configs/grpo.py")
+
+
+@pytest.mark.parametrize("recipe", SEED_ABLATIONS)
+def test_recipes_doc_states_what_each_ablation_changes(recipe):
+    base = config_lib.flatten(config_lib.load_recipe("configs/rloo.py"))
+    ours = config_lib.flatten(config_lib.load_recipe(recipe))
+    changed = {k: v for k, v in ours.items() if base.get(k) != v and k != "name"}
+    assert changed, recipe
+    row = dict(_table_rows(_section(RECIPES.read_text(), "Shipped recipes")))
+    row = next(r for cell, r in row.items() if f"`{recipe}`" in cell)
+    missing = {k: v for k, v in changed.items() if str(v).lower() not in row.lower()}
+    assert not missing, f"docs/recipes.md's row of {recipe} does not state {missing}"
+
+
+def test_recipes_doc_lists_every_algorithm_key():
+    """Every `trainer.algorithm.*` key has a row in the key table (first cell: the key below
+    `trainer.algorithm.`, or a full dotted path), and every row names a key that exists."""
+    keys = set(config_lib.flatten(config_lib.base_config()))
+    documented = set()
+    for cell, _ in _table_rows(_section(RECIPES.read_text(), "trainer.algorithm keys")):
+        for key in re.findall(r"`([\w.]+)`", cell):
+            documented.add(key if key.startswith(CONFIG_SECTIONS) else f"trainer.algorithm.{key}")
+    algorithm = {k for k in keys if k.startswith("trainer.algorithm.")}
+    assert not algorithm - documented, f"docs/recipes.md lacks rows for {sorted(algorithm - documented)}"
+    assert not documented - keys, f"docs/recipes.md documents keys that do not exist: {sorted(documented - keys)}"

@@ -231,6 +231,76 @@ def test_optimizer_offload_to_pinned_host_gives_identical_steps():
         step_lib.StepConfig(loss=lcfg, offload="gpu")
 
 
+def _eqns(jaxpr):
+    """Every equation of a jaxpr, recursively."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for v in eqn.params.values():
+            for x in (v if isinstance(v, (tuple, list)) else [v]):
+                j = getattr(x, "jaxpr", x)
+                if hasattr(j, "eqns"):
+                    yield from _eqns(j)
+
+
+def _conds_under_scans(jaxpr, out, lengths=()):
+    """(enclosing scan lengths, output avals) of every cond in a jaxpr, recursively."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "cond":
+            out.append((lengths, [str(v.aval) for v in eqn.outvars]))
+        inner = lengths + (eqn.params["length"],) if eqn.primitive.name == "scan" else lengths
+        for v in eqn.params.values():
+            for x in (v if isinstance(v, (tuple, list)) else [v]):
+                j = getattr(x, "jaxpr", x)
+                if hasattr(j, "eqns"):
+                    _conds_under_scans(j, out, inner)
+    return out
+
+
+def test_cudnn_layout_is_checked_once_around_the_gradient(monkeypatch):
+    """attention='cudnn' in the train step: one layout check per micro-batch selects the cuDNN
+    program or the exact blocked one for the whole forward/backward pass. Regression: the check was
+    a lax.cond in every layer, which, differentiated, made the cuDNN branch output zero-filled
+    copies of the blocked branch's residuals. cuDNN needs a GPU, so jax.nn's XLA implementation of
+    the same call stands in for it."""
+    from functools import partial
+
+    from jaxrl.models import attention
+
+    stand_in = partial(attention.cudnn_attention, implementation="xla")
+    monkeypatch.setitem(attention.IMPLS, "cudnn", stand_in)
+    monkeypatch.setitem(attention.IMPLS, "cudnn_no_fallback", partial(stand_in, fallback=False))
+    cfg = CFG.replace(num_hidden_layers=5)
+    params = qwen3.init_params(cfg, seed=6)
+    right = _batch(seed=7)                      # right-padded rows: the cuDNN layout
+    packed = dict(right, segment_ids=right["segment_ids"] * (1 + (np.arange(12) >= 4)))  # two sequences per row
+    lcfg = losses.LossConfig()
+    scfg = step_lib.StepConfig(loss=lcfg, num_micro_batches=1, chunk_size=16)
+    batches = [dict(b, old_logprobs=np.zeros(b["loss_mask"].shape, np.float32)) for b in (right, packed)]
+    weights = losses.compute_loss_weights(right["loss_mask"], lcfg)   # same loss mask in both
+
+    def grads(attn):
+        fn = jax.jit(lambda p, b: step_lib.accumulate_gradients(p, b, weights, cfg.replace(attention=attn), scfg)[0])
+        return [jax.tree.leaves(fn(params, b)) for b in batches]
+
+    g_xla, g_cudnn = grads("xla"), grads("cudnn")
+    for gc, gx in zip(g_cudnn, g_xla):   # right-padded (the cuDNN branch) and packed (the blocked one)
+        for x, y in zip(gc, gx):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-5, atol=1e-7)
+    # No cond inside the scan over the 5 layers; one cond (one per micro-batch; here one) whose
+    # outputs are the gradients and metrics only.
+    acc = lambda c: (lambda p: step_lib.accumulate_gradients(p, batches[0], weights, c, scfg))
+    conds = _conds_under_scans(jax.make_jaxpr(acc(cfg.replace(attention="cudnn")))(params).jaxpr, [])
+    assert [c for c in conds if 5 in c[0]] == []
+    n_out = len(jax.tree.leaves(jax.eval_shape(acc(cfg), params)))
+    assert len(conds) == 1 and len(conds[0][1]) == n_out
+    # Branch 1 (taken when the layout fits) runs the cuDNN call, branch 0 the blocked kernel (its
+    # block loops are while loops); `single_sequence_lengths` itself is tested in test_qwen3.py.
+    cond = next(e for e in _eqns(jax.make_jaxpr(acc(cfg.replace(attention="cudnn")))(params).jaxpr)
+                if e.primitive.name == "cond")
+    loops = [sum(e.primitive.name == "while" for e in _eqns(b.jaxpr)) for b in cond.params["branches"]]
+    assert loops[0] > 0 and loops[1] == 0, loops
+
+
 def _dot_operand_dtypes(jaxpr, out):
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
@@ -260,3 +330,69 @@ def test_bf16_train_step_has_only_bf16_matmuls():
                                                                   schedule=sched))(
         params, jax.eval_shape(tx.init, params), batch, weights)
     assert _dot_operand_dtypes(jaxpr.jaxpr, set()) == {("bfloat16", "bfloat16")}
+
+
+def _head_matmuls(jaxpr, vocab, out):
+    """Multiplicity-weighted count of dot_generals with a vocab-sized operand or output."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general" and any(
+                vocab in v.aval.shape for v in list(eqn.invars) + list(eqn.outvars)):
+            out.append(eqn)
+        for v in eqn.params.values():
+            for x in (v if isinstance(v, (tuple, list)) else [v]):
+                j = getattr(x, "jaxpr", x)
+                if hasattr(j, "eqns"):
+                    _head_matmuls(j, vocab, out)
+    return out
+
+
+def test_save_probs_drops_the_logits_recompute_from_the_train_step():
+    """StepConfig.save_probs (model.logprobs_save_probs) reaches the loss: the step's jaxpr has the
+    head's forward, dh and dw matmuls, without the recomputed logits."""
+    cfg = qwen3.Qwen3Config.preset("tiny", vocab_size=997, dtype="bfloat16", remat="full")
+    params = qwen3.abstract_params(cfg)
+    tx, sched = step_lib.make_optimizer(1e-3, 10)
+    i32 = jax.ShapeDtypeStruct((2, 16), jnp.int32)
+    f32 = jax.ShapeDtypeStruct((2, 15), jnp.float32)
+    batch = dict(tokens=i32, positions=i32, segment_ids=i32, loss_mask=jax.ShapeDtypeStruct((2, 15), jnp.int32),
+                 advantages=f32, old_logprobs=f32)
+    weights = losses.LossWeights(policy=f32, token=f32, sequence_token=f32,
+                                 sequence=jax.ShapeDtypeStruct((2,), jnp.float32))
+    counts = {}
+    for save in (False, True):
+        scfg = step_lib.StepConfig(loss=losses.LossConfig(), chunk_size=8, save_probs=save)
+        jaxpr = jax.make_jaxpr(lambda p, o, b, w: step_lib.train_step(p, o, b, w, model_cfg=cfg, step_cfg=scfg, tx=tx,
+                                                                      schedule=sched))(
+            params, jax.eval_shape(tx.init, params), batch, weights)
+        counts[save] = len(_head_matmuls(jaxpr.jaxpr, 997, []))
+    assert counts == {False: 4, True: 3}
+
+
+
+def test_save_probs_leaves_the_step_gradient_and_its_micro_batch_invariance_unchanged():
+    """model.logprobs_save_probs on (four micro-batches) and off (one) give the same accumulated
+    gradient, loss and entropy (float32: rounding only); independently, the gradient equals
+    jax.grad of the REINFORCE objective computed with a full-vocabulary log_softmax of the
+    model's logits (on-policy PPO: ratio 1)."""
+    params = qwen3.init_params(CFG, seed=3)
+    batch = _with_old_logprobs(params, _batch(seed=5))
+    lcfg = losses.LossConfig(eps_clip_low=0.2, eps_clip_high=0.05)
+    weights = losses.compute_loss_weights(batch["loss_mask"], lcfg)
+    out = {}
+    for save, k in ((False, 1), (True, 4)):
+        scfg = step_lib.StepConfig(loss=lcfg, num_micro_batches=k, chunk_size=4, save_probs=save)
+        g, met = jax.jit(lambda p, b: step_lib.accumulate_gradients(p, b, weights, CFG, scfg))(params, batch)
+        out[save, k] = jax.tree.leaves(g), met
+
+    def reinforce(p):
+        z = qwen3.forward(p, CFG, batch["tokens"], batch["positions"], batch["segment_ids"])[:, :-1]
+        lp = jnp.take_along_axis(jax.nn.log_softmax(z), batch["tokens"][:, 1:, None], -1)[..., 0]
+        return -jnp.sum(weights.policy * batch["advantages"] * lp)
+
+    expected = jax.tree.leaves(jax.jit(jax.grad(reinforce))(params))
+    for a, b in zip(out[False, 1][0], out[True, 4][0]):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
+    for name in ("loss", "entropy"):
+        np.testing.assert_allclose(float(out[True, 4][1][name]), float(out[False, 1][1][name]), rtol=1e-5)
+    for a, b in zip(expected, out[True, 4][0]):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-7)

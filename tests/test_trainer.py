@@ -13,7 +13,9 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**{k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRL_KILL_AT")},
-       "JAX_PLATFORMS": "cpu", "TOKENIZERS_PARALLELISM": "false"}
+       "JAX_PLATFORMS": "cpu", "TOKENIZERS_PARALLELISM": "false",
+       # launch/*.sh call `python`: the interpreter running the tests, activated venv or not
+       "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
 
 SMALL = ["--config.trainer.train_batch_size=8", "--config.trainer.mini_batch_size=4",
          "--config.trainer.micro_batch_size=16", "--config.trainer.ckpt_interval=2",

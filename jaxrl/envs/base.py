@@ -33,7 +33,22 @@ Boundaries (what the loop refuses to pass on):
   (`info["truncated_turn"] = "scored"`); otherwise it gets reward 0 (`"not_executed"`).
   `RolloutConfig.execute_truncated_turns=True` passes it to `env.step` instead (`"executed"`);
 * an `env.step` that raises, returns a non-finite reward, or returns observations the chat
-  template cannot render ends that trajectory with `env_error`.
+  template cannot render ends that trajectory with `env_error`;
+* `RolloutConfig.max_input_tokens` bounds the tokens sent to the engine for one turn (the model's
+  context): an observation that would make the next turn's input longer ends the episode with
+  `length` (`info["truncated_by"] = "max_input_tokens"`), as `max_seq_len` does.
+
+Episode end. An env may define `finish(stop_reason, info) -> (reward, info)`: it is called once per
+trajectory after its episode ended, whatever the reason, before `close()`. It scores a final state
+the loop cannot see (the terminal env runs the task's verifier there, also after `max_turns` or an
+agent timeout, and records why an unverified episode ended); its reward is added to the step
+rewards (a trajectory ending in `env_error` / `invalid_output` keeps reward 0) and its info is merged.
+
+Concurrency. `env.reset`, `env.step`, `env.finish` and `env.close` of the live trajectories run on
+`RolloutConfig.env_workers` threads, so environments that wait (a sandboxed command waits for its
+`duration`) wait together: a turn over 64 terminal trials costs about one wait, not 64. Generation
+stays turn-synchronous (every live trajectory's request of turn t is batched before any of turn
+t+1), so the batches and their seeds do not depend on thread timing.
 """
 from __future__ import annotations
 
@@ -111,6 +126,8 @@ class Env(Protocol):
     # Optional: `step_truncated(assistant_text) -> StepResult`. Scores a turn that a token limit cut
     # (the episode then ends) WITHOUT executing anything it asks for; only its reward and info are
     # used. Envs without it give a cut turn reward 0 (see `run_rollouts`).
+    # Optional: `finish(stop_reason, info) -> (reward, info)`, called once when the episode ended
+    # (module docstring); `close()`, called last, releases resources (sandboxes, files).
 
 
 @dataclasses.dataclass
@@ -168,7 +185,10 @@ class RolloutConfig:
       max_tokens_per_turn: generation budget of one turn (stop token included).
       max_seq_len: budget of prompt + response tokens; a turn never generates past it and an
         observation that would leave no room for one more generated token ends the episode.
-      env_workers: threads running `env.step` calls of one turn concurrently (1 = in order).
+      max_input_tokens: longest input (prompt + response so far) one turn may be sent with, e.g. the
+        agent's context limit (Terminus's `max_input_tokens`); None = only `max_seq_len` applies.
+      env_workers: threads running the `env.reset` / `step` / `finish` / `close` calls of the live
+        trajectories concurrently (1 = in order).
       execute_truncated_turns: pass a turn cut by `max_tokens_per_turn` / `max_seq_len` to
         `env.step` (its tool calls run and it is scored) before ending the episode with `length`.
         Default False: a cut turn is never executed (it may hold a complete `<tool_call>` written
@@ -183,6 +203,7 @@ class RolloutConfig:
     max_turns: int = 1
     max_tokens_per_turn: int = 256
     max_seq_len: int = 1024
+    max_input_tokens: Optional[int] = None
     env_workers: int = 1
     execute_truncated_turns: bool = False
     vocab_size: Optional[int] = None
@@ -191,6 +212,10 @@ class RolloutConfig:
         for name in ("n_samples_per_prompt", "max_turns", "max_tokens_per_turn", "max_seq_len", "env_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_input_tokens is not None and (isinstance(self.max_input_tokens, bool) or not isinstance(
+                self.max_input_tokens, int) or self.max_input_tokens < 1):
+            raise ValueError(f"RolloutConfig.max_input_tokens must be None or a positive int, got "
+                             f"{self.max_input_tokens!r}")
         if not isinstance(self.execute_truncated_turns, bool):
             raise ValueError(f"RolloutConfig.execute_truncated_turns must be True or False, got "
                              f"{self.execute_truncated_turns!r}")
@@ -263,11 +288,13 @@ def run_rollouts(
       `len(tasks) * n_samples_per_prompt` trajectories, task-major (the samples of task i are
       entries i*n .. i*n+n-1).
     Raises:
-      ValueError: a prompt leaves no room to generate within `max_seq_len`, bad `group_ids`.
+      ValueError: a prompt leaves no room to generate within `max_seq_len` / `max_input_tokens`,
+        bad `group_ids`.
       RuntimeError: the generator returned the wrong number of results or completions.
-      Errors from `make_env` / `env.reset` (bad task data) propagate.
-    Errors raised by `env.step` do not propagate: that trajectory ends with `env_error`. An invalid
-    completion ends its trajectory with `invalid_output` (module docstring).
+      Errors from `make_env` / `env.reset` (bad task data) propagate (every env created so far is
+      closed first).
+    Errors raised by `env.step` / `env.finish` do not propagate: that trajectory ends with
+    `env_error`. An invalid completion ends its trajectory with `invalid_output` (module docstring).
     """
     if make_env is None:
         from jaxrl.envs.verifiable import make_env as default_make_env
@@ -279,23 +306,37 @@ def run_rollouts(
     stop_ids = tuple(dict.fromkeys(tuple(sampling.stop_token_ids) + chat.stop_token_ids))
     n = config.n_samples_per_prompt
     vocab_size = config.vocab_size if config.vocab_size is not None else len(chat.tokenizer)
+    input_limit = min(config.max_seq_len - 1, config.max_input_tokens or config.max_seq_len)
 
+    pool = concurrent.futures.ThreadPoolExecutor(config.env_workers, thread_name_prefix="jaxrl-env") \
+        if config.env_workers > 1 else None
+
+    def pmap(fn, items):
+        return list(pool.map(fn, items) if pool is not None else map(fn, items))
+
+    envs: list[Any] = []
     convs: list[_Conversation] = []
-    for i, task in enumerate(tasks):
-        for s in range(n):
-            env = make_env(task)
+    try:
+        slots = [(i, task, s) for i, task in enumerate(tasks) for s in range(n)]
+        for task in tasks:  # make_env first (cheap; bad task data fails here before any reset)
+            envs.extend(make_env(task) for _ in range(n))
+
+        def reset(k):
+            i, task, s = slots[k]
+            env = envs[k]
             messages = env.reset(task)
             tools = getattr(env, "tools", None)
-            prompt_ids = chat.encode_prompt(messages, tools)
-            if len(prompt_ids) >= config.max_seq_len:
+            return messages, tools, chat.encode_prompt(messages, tools)
+
+        for (i, task, s), env, (messages, tools, prompt_ids) in zip(slots, envs, pmap(reset, range(len(slots)))):
+            if len(prompt_ids) > input_limit:
                 raise ValueError(f"run_rollouts: task {i} ({task.task_id or 'no id'}) has a {len(prompt_ids)}-token "
-                                 f"prompt, which leaves no room to generate within max_seq_len={config.max_seq_len}; "
-                                 "raise max_seq_len or drop long prompts from the dataset")
+                                 f"prompt, which leaves no room to generate within max_seq_len={config.max_seq_len}"
+                                 + (f" / max_input_tokens={config.max_input_tokens}" if config.max_input_tokens else "")
+                                 + "; raise the limit or drop long prompts from the dataset")
             convs.append(_Conversation(env=env, tools=tools, prompt_ids=prompt_ids, group_id=int(group_ids[i]),
                                        info={"task_id": task.task_id, "sample_index": s}))
 
-    pool = concurrent.futures.ThreadPoolExecutor(config.env_workers) if config.env_workers > 1 else None
-    try:
         for turn in range(config.max_turns):
             live = [c for c in convs if c.stop_reason is None]
             if not live:
@@ -327,8 +368,7 @@ def run_rollouts(
                     method = "step_truncated"
                 stepping.append((c, method))
                 texts.append(split_thinking(chat.decode(comp.token_ids))[1])
-            call = lambda cm, text: _safe_step(cm[0], text, cm[1])  # noqa: E731
-            steps = list(pool.map(call, stepping, texts) if pool else map(call, stepping, texts))
+            steps = pmap(lambda k: _safe_step(stepping[k][0], texts[k], stepping[k][1]), range(len(stepping)))
             for (c, method), step in zip(stepping, steps):
                 comp = completions[id(c)]
                 if isinstance(step, Exception):
@@ -358,18 +398,59 @@ def run_rollouts(
                         continue
                     if c.num_tokens + len(obs_ids) >= config.max_seq_len:
                         c.finish("length", truncated_by="max_seq_len")
+                    elif c.num_tokens + len(obs_ids) > input_limit:
+                        c.finish("length", truncated_by="max_input_tokens")
                     else:
                         c.response_ids.extend(obs_ids)
                         c.loss_mask.extend([0] * len(obs_ids))
                         c.logprobs.extend([0.0] * len(obs_ids))
+
+        # Episode end: the env scores the final state (e.g. runs the verifier), in parallel.
+        finishing = [c for c in convs if callable(getattr(c.env, "finish", None))]
+        for c, result in zip(finishing, pmap(_safe_finish, finishing)):
+            if isinstance(result, Exception):
+                c.reward = 0.0
+                if c.stop_reason not in EXCLUDED_STOP_REASONS:
+                    c.finish("env_error", error=f"env.finish raised {type(result).__name__}: {result}")
+                continue
+            reward, info = result
+            c.info.update(info)
+            c.reward = 0.0 if c.stop_reason in EXCLUDED_STOP_REASONS else c.reward + reward
     finally:
+        closing = [e for e in envs if callable(getattr(e, "close", None))]
+        close_errors = [r for r in pmap(_safe_close, closing) if r is not None]
         if pool is not None:
             pool.shutdown()
-        for c in convs:
-            close = getattr(c.env, "close", None)
-            if callable(close):
-                close()
+        if close_errors:
+            import logging
+
+            logging.getLogger(__name__).warning("run_rollouts: %d env.close() calls raised; first: %s",
+                                                len(close_errors), close_errors[0])
     return [c.to_trajectory() for c in convs]
+
+
+EXCLUDED_STOP_REASONS = ("env_error", "invalid_output")
+"""Stop reasons whose trajectories carry no reward signal (the trainer leaves them out of the loss)."""
+
+
+def _safe_finish(conv: _Conversation):
+    """`env.finish(stop_reason, info)` -> (finite reward, info dict), or the exception it raised."""
+    try:
+        reward, info = conv.env.finish(conv.stop_reason, dict(conv.info))
+        reward = float(reward)
+        if not math.isfinite(reward):
+            raise ValueError(f"env.finish returned a non-finite reward {reward}; rewards must be finite numbers")
+        return reward, dict(info or {})
+    except Exception as e:  # noqa: BLE001 -- a failing env ends that trajectory, not the batch
+        return e
+
+
+def _safe_close(env) -> Optional[Exception]:
+    try:
+        env.close()
+    except Exception as e:  # noqa: BLE001 -- cleanup of one env must not stop the others
+        return e
+    return None
 
 
 def _truncated_by(budget: int, config: RolloutConfig) -> str:

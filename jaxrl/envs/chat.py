@@ -366,7 +366,8 @@ class PromptFormat:
     def of_run_config(cls, c) -> "PromptFormat":
         """The training prompt format of a run config (a ConfigDict, or the dict of a run's
         rl_config.json): the training prompts of `data.task` (the train split of a built-in task,
-        or every row of `data.dataset_path`) and `generator.enable_thinking`.
+        or every row of `data.dataset_path`; Harbor task sets have no system prompt and no tools)
+        and `generator.enable_thinking`.
 
         Raises:
           ValueError: the config names no task, or an unknown one.
@@ -374,6 +375,10 @@ class PromptFormat:
         """
         data = c["data"]
         thinking = bool(c["generator"]["enable_thinking"])
+        from jaxrl.envs.harbor.dataset import is_task_set
+
+        if data["task"] == "harbor" or (data["task"] == "dataset" and is_task_set(data["dataset_path"])):
+            return cls(None, thinking, 0, ())  # Harbor tasks: one user message, no system prompt, no tools
         if data["task"] == "dataset":
             from jaxrl.envs.datasets import load_tasks
 

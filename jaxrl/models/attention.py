@@ -216,7 +216,8 @@ def single_sequence_lengths(segment_ids):
     return jnp.maximum(lengths, 1), fits
 
 
-def cudnn_attention(q, k, v, segment_ids, block_size: int = DEFAULT_BLOCK, implementation: str = "cudnn"):
+def cudnn_attention(q, k, v, segment_ids, block_size: int = DEFAULT_BLOCK, implementation: str = "cudnn",
+                    fallback: bool = True):
     """Causal attention through the cuDNN flash kernel with sequence lengths (no mask tensor).
 
     Rows must hold one sequence from index 0 followed by padding (the trainer's layout); when any
@@ -225,12 +226,23 @@ def cudnn_attention(q, k, v, segment_ids, block_size: int = DEFAULT_BLOCK, imple
     Shapes and dtypes as :func:`blocked_attention`; the cuDNN kernel needs an NVIDIA GPU and a
     16-bit dtype (jax raises otherwise). ``implementation='xla'`` runs the same
     ``jax.nn.dot_product_attention`` call with XLA on any backend (tests; it builds a mask).
+
+    ``fallback=False`` (attention ``'cudnn_no_fallback'``) leaves out the check and the blocked
+    branch: only for batches already checked with :func:`single_sequence_lengths`. The train step
+    does that check once per micro-batch around the whole gradient computation
+    (:func:`jaxrl.train.step.accumulate_gradients`), because differentiating through this
+    per-layer ``lax.cond`` makes the cuDNN branch output zero-filled copies of the blocked
+    branch's residuals (q, k, v in blocks, output, log-sum-exp) in every layer, and keeps them
+    with the saved attention output under the ``save_*attention`` remat policies.
     """
     lengths, fits = single_sequence_lengths(segment_ids)
 
     def fused(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, query_seq_lengths=lengths,
                                             key_value_seq_lengths=lengths, implementation=implementation)
+
+    if not fallback:
+        return fused(q, k, v)
 
     def blocked(q, k, v):
         return blocked_attention(q, k, v, segment_ids, block_size)
@@ -308,11 +320,13 @@ def splash_attention(q, k, v, segment_ids, block_size: int = DEFAULT_BLOCK, inte
 
 # --------------------------------------------------------------------------------------------
 
-IMPLS = {"xla": blocked_attention, "cudnn": cudnn_attention, "splash": splash_attention}
+IMPLS = {"xla": blocked_attention, "cudnn": cudnn_attention, "splash": splash_attention,
+         "cudnn_no_fallback": functools.partial(cudnn_attention, fallback=False)}
 
 
 def causal_segment_attention(q, k, v, segment_ids, impl: str = "xla", block_size: int = DEFAULT_BLOCK):
-    """Dispatches to the implementation named ``impl`` (``'xla'``, ``'cudnn'`` or ``'splash'``).
+    """Dispatches to the implementation named ``impl`` (``'xla'``, ``'cudnn'``, ``'splash'`` or the
+    internal ``'cudnn_no_fallback'``, see :func:`cudnn_attention`).
 
     Raises:
       ValueError: for an unknown implementation name.

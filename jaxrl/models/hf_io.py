@@ -38,7 +38,9 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "full", "save_dots", "save_attention", "save_dots_attention")
-ATTENTION_IMPLS = ("xla", "cudnn", "splash")
+# "cudnn_no_fallback" is internal: the cuDNN kernel without the layout check, which the train step
+# selects for batches it has checked (see jaxrl.models.attention.cudnn_attention).
+ATTENTION_IMPLS = ("xla", "cudnn", "splash", "cudnn_no_fallback")
 
 
 

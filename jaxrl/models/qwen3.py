@@ -35,6 +35,7 @@ which also defines :class:`Qwen3Config` (re-exported here) so it is importable w
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -188,7 +189,7 @@ def attention(q, k, v, mask, impl: str = "xla"):
     """
     B, S, Nq, D = q.shape
     Nkv = k.shape[2]
-    if impl == "cudnn":
+    if impl in ("cudnn", "cudnn_no_fallback"):
         return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="cudnn")
     qg = q.reshape(B, S, Nkv, Nq // Nkv, D)
     s = jnp.einsum("bskgd,bckd->bkgsc", qg, k, preferred_element_type=jnp.float32) * (D ** -0.5)
@@ -324,46 +325,117 @@ def forward(params: dict, cfg: Qwen3Config, tokens, positions, segment_ids):
 # Chunked logprobs / entropy
 # --------------------------------------------------------------------------------------------
 
-@jax.custom_vjp
-def _head_logits(h, w):
-    """``h [B, c, E] @ w [E, V]`` -> float32 logits (inputs in the compute dtype, f32 accumulation)."""
-    return jnp.einsum("bce,ev->bcv", h, w, preferred_element_type=jnp.float32)
+def _chunk_stats(hc, w, tc, inv_temp):
+    """Forward of one chunk: ``z = (hc @ w) * inv_temp`` (float32), then in two passes over z
+    (max; then the sums of ``e = exp(z - m)`` and ``e * z`` together) ``lse``, the softmax mean
+    ``mu = sum(p * z)`` and ``z[target]``. Returns ``(lp, ent, lse, mu, m, e)``; all but e
+    ``[B, c]`` float32, e ``[B, c, V]`` float32."""
+    z = jnp.einsum("bce,ev->bcv", hc, w, preferred_element_type=jnp.float32) * inv_temp
+    m = jnp.max(z, axis=-1, keepdims=True)
+    e = jnp.exp(z - m)
+    s = jnp.sum(e, axis=-1)
+    mu = jnp.sum(e * z, axis=-1) / s
+    lse = m[..., 0] + jnp.log(s)
+    zy = jnp.take_along_axis(z, tc[..., None], axis=-1)[..., 0]
+    return zy - lse, lse - mu, lse, mu, m[..., 0], e
 
 
-def _head_logits_fwd(h, w):
-    return _head_logits(h, w), (h, w)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _head_logprobs(h, w, t, inv_temp, save_probs):
+    """Chunked logprobs and entropies; ``h [n, B, c, E]``, ``w [E, V]`` (same dtype), ``t [n, B, c]``
+    int32, ``inv_temp`` float32 scalar. Returns ``(lp, ent)`` float32 ``[n, B, c]``."""
+    return _head_logprobs_fwd(h, w, t, inv_temp, save_probs)[0]
 
 
-def _head_logits_bwd(res, g):
-    # The float32 logits cotangent is rounded to the compute dtype before the two backward matmuls,
-    # as for every other matmul of the model (bf16 x bf16 with f32 accumulation); left as is, it
-    # would make both of them mixed float32 x bfloat16 matmuls, which run as float32 GEMMs.
-    h, w = res
-    g = g.astype(h.dtype)
-    dh = jnp.einsum("bcv,ev->bce", g, w, preferred_element_type=jnp.float32).astype(h.dtype)
-    dw = jnp.einsum("bce,bcv->ev", h, g, preferred_element_type=jnp.float32).astype(w.dtype)
-    return dh, dw
+def _head_logprobs_fwd(h, w, t, inv_temp, save_probs):
+    def chunk(_, xs):
+        lp, ent, lse, mu, m, e = _chunk_stats(xs[0], w, xs[1], inv_temp)
+        # save_probs: the unnormalized probabilities exp(z - max z), rounded to the compute dtype
+        # (values in (0, 1]; bf16 keeps f32's exponent range and 8 significant bits).
+        return None, (lp, ent, lse, mu, m, e.astype(h.dtype) if save_probs else None)
+
+    _, (lp, ent, lse, mu, m, e) = jax.lax.scan(chunk, None, (h, t))
+    return (lp, ent), (h, w, t, inv_temp, lp, lse, mu, m, e)
 
 
-_head_logits.defvjp(_head_logits_fwd, _head_logits_bwd)
+def _head_logprobs_bwd(save_probs, res, g):
+    """Per chunk, the logits cotangent in one elementwise pass (``p = exp(z - lse)``,
+    ``z = logits * inv_temp``, ``mu = sum(p z)``)::
+
+        d lp / dz  = onehot(target) - p
+        d ent / dz = -p * (z - mu)                   (ent = lse - sum(p z))
+        d logits   = inv_temp * (g_lp * (onehot - p) - g_ent * p * (z - mu))
+
+    rounded once to the compute dtype for the two matmuls ``dh = dlogits @ w.T`` and
+    ``dw += h.T @ dlogits``; dw is accumulated over chunks in float32 and rounded once.
+
+    ``p`` and ``z`` come from the logits recomputed by one matmul, or (``save_probs``) from the
+    saved ``e = exp(z - m)``, ``m`` the row's max: ``p = e · exp(m - lse)``, ``z = m + log e``.
+    Each entry then carries e's rounding (relative 2^-9 in bf16) besides the final rounding of the
+    cotangent; the row's largest entry has e = 1 exactly, so a nearly certain target's
+    ``1 - p_y`` keeps float32 precision.
+
+    The temperature's cotangent uses ``d lp / d inv_temp = (z_y - mu) / inv_temp`` and
+    ``d ent / d inv_temp = -(sum(p z^2) - mu^2) / inv_temp`` (XLA drops it when unused).
+    """
+    h, w, t, inv_temp, lp, lse, mu, m, e = res
+    g_lp, g_ent = g
+
+    def chunk(dw, xs):
+        hc, tc, lpc, lsec, muc, mc, ec, glc, gec = xs
+        onehot = jax.lax.broadcasted_iota(jnp.int32, hc.shape[:2] + (w.shape[1],), 2) == tc[..., None]
+        if save_probs:
+            ef = ec.astype(jnp.float32)
+            p = ef * jnp.exp(mc - lsec)[..., None]
+            z = jnp.where(ef > 0, mc[..., None] + jnp.log(ef), 0.0)   # p = 0 where e underflowed
+        else:
+            z = jnp.einsum("bce,ev->bcv", hc, w, preferred_element_type=jnp.float32) * inv_temp
+            p = jnp.exp(z - lsec[..., None])
+        dz = -p * (glc[..., None] + gec[..., None] * (z - muc[..., None]))
+        dz = jnp.where(onehot, glc[..., None] + dz, dz)
+        dl = (dz * inv_temp).astype(hc.dtype)
+        dh = jnp.einsum("bcv,ev->bce", dl, w, preferred_element_type=jnp.float32).astype(hc.dtype)
+        dw = dw + jnp.einsum("bce,bcv->ev", hc, dl, preferred_element_type=jnp.float32)
+        var = jnp.sum(p * z * z, axis=-1) - muc * muc
+        dinv = jnp.sum(glc * (lpc + lsec - muc) - gec * var)
+        return dw, (dh, dinv)
+
+    xs = (h, t, lp, lse, mu, m, e if save_probs else jnp.zeros(t.shape[:1], h.dtype), g_lp, g_ent)
+    dw, (dh, dinv) = jax.lax.scan(chunk, jnp.zeros(w.shape, jnp.float32), xs)
+    d_inv_temp = (jnp.sum(dinv) / inv_temp).astype(inv_temp.dtype)
+    return dh, dw.astype(w.dtype), np.zeros(t.shape, jax.dtypes.float0), d_inv_temp
 
 
-def logprobs_from_hidden(hidden, head_w, targets, temperature: float = 1.0, chunk_size: int = 512):
+_head_logprobs.defvjp(_head_logprobs_fwd, _head_logprobs_bwd)
+
+
+def logprobs_from_hidden(hidden, head_w, targets, temperature: float = 1.0, chunk_size: int = 512,
+                         save_probs: bool = False):
     """Log-probabilities of ``targets`` and entropies under ``softmax(logits / temperature)``.
 
     ``logits = hidden @ head_w`` (float32 accumulation). Computed over chunks of ``chunk_size``
-    sequence positions with a rematerialized ``lax.scan``, so neither the forward nor the
-    backward pass holds more than ``[B, chunk_size, V]`` float32 logits at once. In the backward
-    pass the logits cotangent is rounded to hidden's dtype for the two matmuls (bf16 GEMMs with
-    f32 accumulation in bf16 compute; exact in float32).
+    sequence positions, so the forward pass holds one ``[B, chunk_size, V]`` float32 logits chunk
+    at a time. A custom VJP (:func:`_head_logprobs_bwd`) turns each chunk into the logits
+    cotangent in one elementwise pass (no softmax, scatter or float32 cotangent materialized),
+    rounded to hidden's dtype for the two matmuls (bf16 GEMMs with f32 accumulation in bf16
+    compute; exact in float32); the head gradient is accumulated over chunks in float32.
 
     Args:
-      hidden: ``[B, T, E]``; head_w: ``[E, V]`` (cast to hidden's dtype); targets: ``[B, T]`` int.
-      temperature: > 0 (python float or scalar array).
+      hidden: ``[B, T, E]``; head_w: ``[E, V]`` (cast to hidden's dtype); targets: ``[B, T]`` int
+        in ``[0, V)``.
+      temperature: > 0 (python float or scalar array; differentiable).
       chunk_size: positions per chunk; need not divide T (the tail is padded).
+      save_probs: what the backward pass starts from. False (default): each chunk's logits are
+        recomputed (one ``[B·c, E] x [E, V]`` matmul per chunk, a third of the head's FLOPs
+        again). True: the forward pass keeps ``exp(z - max z)`` of every position in hidden's
+        dtype (``B·T·V`` values: 4.6 GiB in bf16 for 16k tokens of a 151,936-token vocabulary)
+        and the backward pass reads it instead; the logits cotangent then carries one more
+        rounding of hidden's dtype (none in float32). Values are the same either way.
     Returns:
       ``(logprobs [B, T] float32, entropy [B, T] float32)`` with
       ``logprob = z_y - logsumexp(z)``, ``entropy = logsumexp(z) - Σ softmax(z)·z``, ``z = logits / T``.
+    Raises:
+      ValueError: for a non-positive chunk size.
     """
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
@@ -374,23 +446,15 @@ def logprobs_from_hidden(hidden, head_w, targets, temperature: float = 1.0, chun
     w = head_w.astype(hidden.dtype)
     h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(B, n, c, E).swapaxes(0, 1)
     t = jnp.pad(targets.astype(jnp.int32), ((0, 0), (0, pad))).reshape(B, n, c).swapaxes(0, 1)
-
-    def chunk(_, xs):
-        hc, tc = xs
-        z = _head_logits(hc, w) / temperature
-        lse = jax.nn.logsumexp(z, axis=-1)
-        zy = jnp.take_along_axis(z, tc[..., None], axis=-1)[..., 0]
-        ent = lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
-        return None, (zy - lse, ent)
-
-    _, (lp, ent) = jax.lax.scan(jax.checkpoint(chunk, prevent_cse=False), None, (h, t))
+    inv_temp = 1.0 / jnp.asarray(temperature, jnp.float32)
+    lp, ent = _head_logprobs(h, w, t, inv_temp, bool(save_probs))
     lp = lp.swapaxes(0, 1).reshape(B, n * c)[:, :T]
     ent = ent.swapaxes(0, 1).reshape(B, n * c)[:, :T]
     return lp, ent
 
 
 def logprobs(params: dict, cfg: Qwen3Config, tokens, positions, segment_ids, targets=None,
-             temperature: float = 1.0, chunk_size: int = 512):
+             temperature: float = 1.0, chunk_size: int = 512, save_probs: bool = False):
     """Per-token log-probabilities and entropies of ``softmax(logits / temperature)`` (float32).
 
     Args:
@@ -398,13 +462,13 @@ def logprobs(params: dict, cfg: Qwen3Config, tokens, positions, segment_ids, tar
       targets: ``[B, T]`` int32 token scored at each position; default ``None`` means next-token
         targets, and the outputs are then **target-aligned** ``[B, T-1]`` (entry t is the logprob
         of ``tokens[:, t+1]`` given the prefix, DESIGN.md §3).
-      temperature, chunk_size: see :func:`logprobs_from_hidden`.
+      temperature, chunk_size, save_probs: see :func:`logprobs_from_hidden`.
     Returns ``(logprobs, entropy)``, both ``[B, T]`` (or ``[B, T-1]`` for next-token targets).
     """
     h = hidden_states(params, cfg, tokens, positions, segment_ids)
     if targets is None:
         h, targets = h[:, :-1], tokens[:, 1:]
-    return logprobs_from_hidden(h, lm_head_weight(params, cfg), targets, temperature, chunk_size)
+    return logprobs_from_hidden(h, lm_head_weight(params, cfg), targets, temperature, chunk_size, save_probs)
 
 
 # --------------------------------------------------------------------------------------------

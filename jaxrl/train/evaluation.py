@@ -23,7 +23,9 @@ def rollout_config(c, n: int | None = None) -> RolloutConfig:
     g = c.generator
     return RolloutConfig(n_samples_per_prompt=n or g.n_samples_per_prompt, max_turns=g.max_turns,
                          max_tokens_per_turn=g.sampling_params.max_generate_length,
-                         max_seq_len=config_lib.rollout_max_seq_len(c), execute_truncated_turns=g.execute_truncated_turns)
+                         max_seq_len=config_lib.rollout_max_seq_len(c),
+                         max_input_tokens=int(g.max_input_tokens) or None,
+                         execute_truncated_turns=g.execute_truncated_turns)
 
 
 def engine_batch_rows(c) -> int:

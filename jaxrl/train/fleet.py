@@ -11,6 +11,7 @@ loads new weights between requests while the generator keeps sending them).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import secrets
@@ -70,8 +71,11 @@ class Fleet:
       is_main: True on process 0 (the only one that talks to sidecars).
     """
 
-    def __init__(self, c, workdir: str, model_dir: str, chat, is_main: bool):
+    def __init__(self, c, workdir: str, model_dir: str, chat, is_main: bool, harbor=None):
         self.c = c
+        # Harbor runs (`jaxrl.train.harbor.HarborTasks`): each trajectory a sandboxed terminal trial.
+        self.harbor = harbor
+        self.make_env = harbor.make_env_factory(workdir) if harbor is not None and is_main else None
         self.workdir = workdir
         self.model_dir = model_dir
         self.chat = chat
@@ -209,16 +213,23 @@ class Fleet:
         self.last_sync_bytes = stats.bytes
 
     # -- generation -----------------------------------------------------------------------------
-    def rollout_cfg(self, n: Optional[int] = None) -> RolloutConfig:
-        """The rollout loop's limits (generator.*; `n` samples per prompt, default the run's)."""
+    def rollout_cfg(self, n: Optional[int] = None, num_tasks: int = 0) -> RolloutConfig:
+        """The rollout loop's limits (generator.*; `n` samples per prompt, default the run's); Harbor
+        runs drive the trials of `num_tasks` x n trajectories on `HarborTasks.concurrency` threads."""
         from jaxrl.train import evaluation  # one definition, shared with jaxrl.evaluate
 
-        return evaluation.rollout_config(self.c, n)
+        cfg = evaluation.rollout_config(self.c, n)
+        if self.harbor is not None:
+            cfg = dataclasses.replace(cfg, env_workers=max(1, self.harbor.concurrency(cfg.n_samples_per_prompt
+                                                                                      * max(num_tasks, 1))))
+        return cfg
 
     def generate(self, tasks, sampling: SamplingParams, n: int, chat=None):
         """`n` trajectories per task through the rollout loop (process 0), restarting a sidecar
-        that dies and generating again. `chat`: the `ChatTemplate` to use (default the fleet's;
-        threads that generate concurrently each pass their own, a tokenizer is not thread-safe)."""
+        that dies and generating again. Harbor runs play each trajectory as a sandboxed trial.
+        `chat`: the `ChatTemplate` to use (default the fleet's; threads that generate concurrently
+        each pass their own, a tokenizer is not thread-safe)."""
         chat = chat or self.chat
         return self.with_restart(
-            "generation", lambda: run_rollouts(self.client, chat, tasks, sampling, self.rollout_cfg(n)))
+            "generation", lambda: run_rollouts(self.client, chat, tasks, sampling,
+                                               self.rollout_cfg(n, len(tasks)), make_env=self.make_env))

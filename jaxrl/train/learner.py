@@ -92,6 +92,7 @@ class Learner:
         self.step_cfg = step_lib.StepConfig(loss=loss_cfg, temperature=c.trainer.algorithm.temperature,
                                             num_micro_batches=self.mini_rows // c.trainer.micro_batch_size,
                                             chunk_size=c.model.logprobs_chunk_size,
+                                            save_probs=c.model.logprobs_save_probs,
                                             offload=c.trainer.optimizer.offload)
         # Optimizer-state placement: the fp32 master params (the training state) and/or the Adam
         # moments may live in pinned host memory (trainer.optimizer.offload).

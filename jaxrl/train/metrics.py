@@ -205,14 +205,20 @@ class RunLogger:
         """Appends one row per trajectory to trial_stats.csv and writes rollouts/step_XXXXXX.jsonl.
 
         Each trial dict holds scalar fields (reward, num_tokens, stop_reason, group_id, ...) and may
-        hold text fields (prompt, response) that go only to the rollouts file.
+        hold text fields (prompt, response, episode, instruction) that go only to the rollouts file;
+        with terminal episodes (Harbor runs) `rollouts/step_XXXXXX.md` shows them for a person.
         """
         trials = list(trials)
-        text_keys = {"prompt", "response", "messages"}
+        text_keys = {"prompt", "response", "messages", "episode", "instruction"}
         atomic_write_text(
             os.path.join(self.workdir, "rollouts", f"step_{step:06d}.jsonl"),
             "".join(json.dumps({"step": step, **t}, default=str) + "\n" for t in trials),
         )
+        from jaxrl.train.harbor import episodes_markdown  # terminal episodes, readable (Harbor runs)
+
+        md = episodes_markdown(step, trials)
+        if md is not None:
+            atomic_write_text(os.path.join(self.workdir, "rollouts", f"step_{step:06d}.md"), md)
         rows = [{"step": step, **{k: v for k, v in t.items() if k not in text_keys}} for t in trials]
         if not rows:
             return

@@ -33,6 +33,8 @@ class PromptSource:
        file's prompts (`jaxrl.envs.splits.heldout_split` with `data.eval_split_seed`), which is
        then left out of training;
     5. none (`heldout_kind` is "").
+    A run on Harbor terminal tasks (`jaxrl.train.harbor.is_harbor_run`) takes both sets from
+    `jaxrl.train.harbor.HarborTasks` (the same rules 1 and 4, on task directories).
     `eval_batch()` evaluates the first `data.num_eval_prompts` of it: a built-in split shuffled
     with `derive_seed(seed, 7)`; a file's held-out tasks all if there are fewer.
 
@@ -53,6 +55,13 @@ class PromptSource:
         self.heldout_tasks: list = []
         self.eval_suite = None
         d = c.data
+        self.harbor = None  # jaxrl.train.harbor.HarborTasks of a run on Harbor terminal tasks
+        from jaxrl.train import harbor as harbor_run
+
+        if harbor_run.is_harbor_run(c):
+            self.harbor = harbor_run.HarborTasks(c)
+            self._use_harbor_lists()
+            return
         if d.task == "dataset":
             if load_train or not d.eval_dataset_path and not d.eval_task:
                 self.train_tasks = load_tasks(d.dataset_path)
@@ -71,6 +80,17 @@ class PromptSource:
                                  f"{d.eval_split_seed})")
         else:
             self.heldout_kind = ""
+
+    def _use_harbor_lists(self) -> None:
+        self.train_tasks, self.heldout_tasks = self.harbor.train_tasks, self.harbor.eval_tasks
+        self.heldout_kind = self.harbor.heldout_kind
+
+    def gate(self, workdir: str) -> list[str]:
+        """Harbor runs: the verifier sanity gate (`HarborTasks.gate`) drops failing tasks from the
+        training and held-out sets; returns one line per excluded task."""
+        lines = self.harbor.gate(workdir)
+        self._use_harbor_lists()
+        return lines
 
     def train_batch(self, step: int):
         """The `train_batch_size` tasks of RL step `step` (1-based)."""

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
+from jaxrl.models import attention as attention_lib
 from jaxrl.models import qwen3
 from jaxrl.rl import losses
 
@@ -32,6 +33,8 @@ class StepConfig:
       temperature: logits / temperature in the trainer's logprobs (the sampling temperature).
       num_micro_batches: micro-batches per mini-batch (gradient accumulation steps).
       chunk_size: positions per chunk of the chunked log-softmax.
+      save_probs: the loss's backward pass reads the probabilities saved by the forward pass
+        instead of recomputing the logits (see :func:`jaxrl.models.qwen3.logprobs_from_hidden`).
       offload: where the optimizer state lives between steps (:data:`OFFLOAD_MODES`):
         ``'none'`` (device memory), ``'moments'`` (Adam mu/nu in pinned host memory) or
         ``'moments_and_master'`` (also the fp32 master params). Offloaded trees must be passed
@@ -42,6 +45,7 @@ class StepConfig:
     temperature: float = 1.0
     num_micro_batches: int = 1
     chunk_size: int = 1024
+    save_probs: bool = False
     offload: str = "none"
 
     def __post_init__(self):
@@ -113,16 +117,16 @@ def _constrain_rows(x, leading: int = 0):
 
 
 def sequence_logprobs(params, model_cfg: qwen3.Qwen3Config, tokens, positions, segment_ids, *,
-                      temperature: float, chunk_size: int):
+                      temperature: float, chunk_size: int, save_probs: bool = False):
     """Target-aligned logprobs and entropies `[N, T-1]` float32 of `tokens [N, T]`.
 
     Entry t is log softmax(logits_t / temperature)[tokens[:, t+1]] (DESIGN.md §3). `params` may be
     in pinned host memory (trainer.optimizer.offload='moments_and_master'): they are streamed to the
-    device (a no-op for device arrays).
+    device (a no-op for device arrays). `save_probs` only changes what a backward pass starts from.
     """
     params = to_memory(params, "device")
     return qwen3.logprobs(params, model_cfg, tokens, positions, segment_ids,
-                          temperature=temperature, chunk_size=chunk_size)
+                          temperature=temperature, chunk_size=chunk_size, save_probs=save_probs)
 
 
 def cast_params(params, dtype):
@@ -132,7 +136,8 @@ def cast_params(params, dtype):
 
 def _micro_loss(params, micro, weights, model_cfg, step_cfg: StepConfig):
     lp, ent = sequence_logprobs(params, model_cfg, micro["tokens"], micro["positions"], micro["segment_ids"],
-                                temperature=step_cfg.temperature, chunk_size=step_cfg.chunk_size)
+                                temperature=step_cfg.temperature, chunk_size=step_cfg.chunk_size,
+                                save_probs=step_cfg.save_probs)
     return losses.micro_batch_loss(
         lp, micro["old_logprobs"], micro["advantages"], micro["loss_mask"], weights, step_cfg.loss,
         rollout_logprobs=micro.get("rollout_logprobs"), ref_logprobs=micro.get("ref_logprobs"),
@@ -175,10 +180,22 @@ def accumulate_gradients(params, batch: dict, weights: losses.LossWeights, model
     first = jax.tree.map(lambda x: x[0], (micro, wmicro))
     metric_shapes = jax.eval_shape(lambda mb, w: grad_fn(cparams, mb, w, model_cfg, step_cfg)[1], *first)
 
+    def micro_grad(mb, w):
+        if model_cfg.attention != "cudnn":
+            return grad_fn(cparams, mb, w, model_cfg, step_cfg)
+        # One layout check per micro-batch around the whole forward/backward pass, instead of the
+        # per-layer lax.cond of attention 'cudnn': differentiated, that cond would make every
+        # layer's cuDNN branch write (and, with save_*attention, keep) zero-filled copies of the
+        # blocked branch's residuals. Both branches are exact; only one runs.
+        _, fits = attention_lib.single_sequence_lengths(mb["segment_ids"])
+        fast, exact = model_cfg.replace(attention="cudnn_no_fallback"), model_cfg.replace(attention="xla")
+        return jax.lax.cond(fits, lambda: grad_fn(cparams, mb, w, fast, step_cfg),
+                            lambda: grad_fn(cparams, mb, w, exact, step_cfg))
+
     def body(carry, xs):
         g_acc, met_acc = carry
         mb, w = xs
-        g, met = grad_fn(cparams, mb, w, model_cfg, step_cfg)
+        g, met = micro_grad(mb, w)
         g_acc = jax.tree.map(lambda a, b: a + b.astype(a.dtype), g_acc, g)
         return (g_acc, losses.combine_metrics(met_acc, met)), None
 
@@ -211,9 +228,11 @@ def train_step(params, opt_state, batch: dict, weights: losses.LossWeights, *, m
         opt_state = to_memory(opt_state, "device", after=grads)
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(grad_norm)
-    # Zero the gradients when skipping so the (discarded) update cannot produce NaNs in traced code.
-    safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
-    updates, new_opt_state = tx.update(safe_grads, opt_state, params)
+    # A non-finite gradient gives non-finite updates, which `keep` below discards (a select never
+    # propagates the unselected operand). The gradients go to the optimizer as they are, so that
+    # the clipping's global norm is the same computation as `grad_norm` (XLA computes it once:
+    # one read of the gradients fewer than with a zeroed copy).
+    updates, new_opt_state = tx.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
     count = optax.tree_utils.tree_get_all_with_path(opt_state, "count")[0][1]  # optimizer steps taken

@@ -41,6 +41,7 @@ from jaxrl.rl import advantages as adv_lib
 from jaxrl.rl import losses
 from jaxrl.rollout.types import SamplingParams
 from jaxrl.train import evaluation
+from jaxrl.train import harbor as harbor_run
 from jaxrl.train.rollouts import AsyncRollouts, SyncRollouts, logprob_gap_by_staleness
 from jaxrl.train import step as step_lib
 # Re-exported: the names callers used before the trainer was split into these modules.
@@ -121,7 +122,13 @@ class Trainer:
         sync("config")
         self.ckpt = Checkpoints(c, self.workdir, self.learner, self.mesh, self.model_dir, self.model_cfg,
                                 self.state_param_sharding)
-        self.fleet = Fleet(c, self.workdir, self.model_dir, self.chat, self.is_main)
+        self.gate_lines: list[str] = []
+        if self.prompts.harbor is not None:  # terminal tasks: the verifier gate, then sandboxed trials
+            if c.data.verify_tasks and self.is_main:
+                self.gate_lines = self.prompts.gate(self.workdir)
+                harbor_run.print_excluded(self.gate_lines)
+        self.fleet = Fleet(c, self.workdir, self.model_dir, self.chat, self.is_main,
+                           harbor=self.prompts.harbor)
         self.state = TrainerState()
         self.ema = RewardEMA(span=c.trainer.ema_span)
         self.is_async = c.trainer.async_rl.mode != "sync"
@@ -133,9 +140,13 @@ class Trainer:
         from jaxrl.envs import make_env
 
         limit = self.c.data.max_prompt_length
+        harbor = self.prompts.harbor
         for i, task in enumerate(tasks):
-            env = make_env(task)
-            n = len(self.chat.encode_prompt(env.reset(task), getattr(env, "tools", None)))
+            if harbor is not None:  # rendered without starting a sandbox
+                n = len(self.chat.encode_prompt(harbor.prompt_messages(task)))
+            else:
+                env = make_env(task)
+                n = len(self.chat.encode_prompt(env.reset(task), getattr(env, "tools", None)))
             if n > limit:
                 raise config_lib.ConfigError(
                     "data.max_prompt_length", f"{path}: task {i} ({task.task_id or 'no id'}) "
@@ -212,6 +223,9 @@ class Trainer:
             if resumed is None:
                 params, opt_state = init_params, self.learner.init_opt(init_params)
                 start = 0
+                if self.gate_lines:
+                    self.state.events.append(f"{len(self.gate_lines)} task(s) excluded by the verifier sanity "
+                                             "gate (data.verify_tasks; listed in task_gate.json)")
             else:
                 start, params, opt_state, self.state = resumed
                 self.ema = RewardEMA.from_state_dict(self.state.ema)
@@ -326,8 +340,13 @@ class Trainer:
             m.update(logprob_gap_by_staleness(staleness, *rows))
         ema, is_best = self.ema.update(step, float(rewards.mean()), drop=c.trainer.collapse.drop)
         m["reward/ema"] = ema
+        if self.is_main and self.prompts.harbor is not None:
+            m.update(harbor_run.outcome_metrics(trajs))
         self.timings["step"] = time.perf_counter() - t_step
         trials = trial_rows(trajs, advantages, lambda ids: decode_for_log(self.chat.tokenizer, ids), extra)
+        if self.prompts.harbor is not None:  # the trial's outcome, durations, limits and its episode
+            for row, t in zip(trials, trajs or []):
+                row.update(harbor_run.trial_fields(t.info))
         return params, opt_state, m, trials, is_best
 
     def _rollback(self, step: int, event: str):

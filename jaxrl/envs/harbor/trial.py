@@ -30,6 +30,8 @@ reward_unparsable          not one finite float / no numeric "reward" / not a fi
 sandbox_error              the sandbox failed to start or run (infrastructure)         0
 agent_error                the agent raised (not verified, Harbor's rule)              0
 context_length_exceeded    the agent loop ran out of context (not verified)            0
+output_length_exceeded     a model turn was cut by the per-turn token limit; none of
+                           its commands ran and the episode ended (not verified)       0
 =========================  =========================================================  ============
 
 The reward is parsed verbatim (Harbor): `reward.txt` is one float; `reward.json` a flat object of
@@ -77,6 +79,7 @@ class Outcome(str, enum.Enum):
     SANDBOX_ERROR = "sandbox_error"
     AGENT_ERROR = "agent_error"
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    OUTPUT_LENGTH_EXCEEDED = "output_length_exceeded"
 
     def __str__(self) -> str:
         return self.value
@@ -88,7 +91,8 @@ VERIFIED_OUTCOMES = (Outcome.OK, Outcome.AGENT_TIMEOUT)
 
 class AgentStop(Exception):
     """Raised by an agent (e.g. the Terminus loop on context overflow) to end the trial with a given
-    outcome (`agent_error` or `context_length_exceeded`); the trial is then not verified."""
+    outcome (`agent_error`, `context_length_exceeded` or `output_length_exceeded`); the trial is
+    then not verified."""
 
     def __init__(self, outcome: Outcome, message: str = ""):
         super().__init__(message or str(outcome))
@@ -500,9 +504,16 @@ class Trial:
                           phase_binds=[(str(self.task.solution_dir), "/solution", False)])
 
     def stop_agent(self, outcome: Outcome | str, message: str = "") -> None:
-        """Records that the agent ended the trial without verification (`agent_error` or
-        `context_length_exceeded`), and ends the agent phase."""
+        """Records that the agent ended the trial without verification (`agent_error`,
+        `context_length_exceeded` or `output_length_exceeded`), and ends the agent phase."""
         self._agent_stop = AgentStop(Outcome(outcome), message)
+        self._end_agent_phase()
+
+    def record_sandbox_error(self, message: str) -> None:
+        """Records an infrastructure failure seen by the agent (the trial's outcome becomes
+        `sandbox_error`, which a trainer masks) and ends the agent phase."""
+        with self._lock:
+            self._sandbox_error = self._sandbox_error or message
         self._end_agent_phase()
 
     # -- verification ---------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl import parallel
+from jaxrl.config import loss_config  # noqa: F401  (re-exported: the trainer's objective)
 from jaxrl.models import qwen3
 from jaxrl.rl import losses
 from jaxrl.train import step as step_lib
@@ -25,20 +26,6 @@ from jaxrl.train.multihost import global_array
 _POLICY_METRIC_NAMES = {"grad_norm": "policy/grad_norm", "lr": "policy/policy_lr", "loss": "policy/final_loss",
                         "policy_loss": "policy/policy_loss", "entropy": "policy/policy_entropy",
                         "update_skipped": "policy/update_skipped"}
-
-
-def loss_config(c) -> losses.LossConfig:
-    """The policy objective of a run config (`trainer.algorithm.*`, SkyRL names)."""
-    a = c.trainer.algorithm
-    opc = a.off_policy_correction
-    return losses.LossConfig(
-        policy_loss_type=a.policy_loss_type, loss_reduction=a.loss_reduction,
-        max_seq_len=int(a.max_seq_len) or None, eps_clip_low=a.eps_clip_low, eps_clip_high=a.eps_clip_high,
-        clip_ratio_c=a.clip_ratio_c, kl_loss_coef=a.kl_loss_coef, kl_estimator_type=a.kl_estimator_type,
-        entropy_loss_coef=a.entropy_loss_coef, tis_ratio_type=opc.tis_ratio_type or None,
-        token_tis_ratio_clip_high=opc.token_tis_ratio_clip_high,
-        sequence_tis_ratio_clip_high=opc.sequence_tis_ratio_clip_high,
-        off_policy_untruncated_only=opc.only_untruncated)
 
 
 def logprob_diff(old_logprobs, rollout_logprobs, loss_mask):
@@ -52,6 +39,14 @@ def logprob_diff(old_logprobs, rollout_logprobs, loss_mask):
     m = loss_mask > 0
     d = jnp.where(m, jnp.abs(old_logprobs - rollout_logprobs), 0.0)
     return jnp.sum(d), jnp.sum(m.astype(jnp.float32)), jnp.max(d)
+
+
+def row_logprob_diff(old_logprobs, rollout_logprobs, loss_mask):
+    """Per row of one mini-batch: (sum of |log pi_old - log mu| over its loss tokens, its number of
+    loss tokens), `[N]` float32 each (inputs as in `logprob_diff`)."""
+    m = loss_mask > 0
+    d = jnp.where(m, jnp.abs(old_logprobs - rollout_logprobs), 0.0)
+    return jnp.sum(d, axis=1), jnp.sum(m.astype(jnp.float32), axis=1)
 
 
 def combine_over_minibatches(step_metrics: list[dict]) -> dict[str, float]:
@@ -140,6 +135,8 @@ class Learner:
         self._loss_weights = jax.jit(lambda loss_mask, sequence_mask: losses.compute_loss_weights(
             loss_mask, self.loss_cfg, sequence_mask=sequence_mask))
         self._logprob_diff = jax.jit(logprob_diff)
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())  # readable on every process
+        self._row_logprob_diff = jax.jit(row_logprob_diff, out_shardings=(replicated, replicated))
 
     def publishable(self, params):
         """The params as the engines receive them: with an offloaded fp32 master, a device copy
@@ -157,19 +154,20 @@ class Learner:
                                   self.opt_sharding)
         return abstract_p, abstract_o
 
-    def update(self, params, opt_state, batch: dict[str, np.ndarray], ref_params=None):
+    def update(self, params, opt_state, batch: dict[str, np.ndarray], ref_params=None, row_diffs: bool = False):
         """One RL step's policy update on the packed batch `batch` (`batching.pack_trajectories`).
 
-        Returns: (params, opt_state, step_metrics, diffs, timings): `step_metrics` one dict of
-        host floats per optimizer step; `diffs` one `logprob_diff` triple per mini-batch;
-        `timings` {"fwd_logprobs", "policy_train"} in seconds.
+        Returns: (params, opt_state, step_metrics, diffs, timings, rows): `step_metrics` one dict
+        of host floats per optimizer step; `diffs` one `logprob_diff` triple per mini-batch;
+        `timings` {"fwd_logprobs", "policy_train"} in seconds; `rows` None, or with `row_diffs`
+        the `row_logprob_diff` pair over the whole batch (`[N]` numpy each).
         """
         timings: dict[str, Any] = {}
         # Mini-batches are cut on the host; each becomes global arrays, and its old (and reference)
         # logprobs are computed before any update, with the same partition as training.
         t0 = time.perf_counter()
         with jax.set_mesh(self.mesh):
-            minis, diffs = [], []
+            minis, diffs, rows = [], [], []
             for mb in range(self.num_minibatches):
                 sl = slice(mb * self.mini_rows, (mb + 1) * self.mini_rows)
                 dev = {k: global_array(v[sl], self.mesh) for k, v in batch.items()}
@@ -179,10 +177,13 @@ class Learner:
                     dev["ref_logprobs"] = self._logprobs(ref_params, dev["tokens"], dev["positions"],
                                                          dev["segment_ids"])
                 diffs.append(self._logprob_diff(dev["old_logprobs"], dev["rollout_logprobs"], dev["loss_mask"]))
+                if row_diffs:
+                    rows.append(self._row_logprob_diff(dev["old_logprobs"], dev["rollout_logprobs"], dev["loss_mask"]))
                 minis.append((dev, self._loss_weights(dev["loss_mask"], sequence_mask)))
             jax.block_until_ready(minis)
             timings["fwd_logprobs"] = time.perf_counter() - t0
             diffs = jax.device_get(diffs)
+            rows = (tuple(np.concatenate(x) for x in zip(*jax.device_get(rows))) if row_diffs else None)
 
             t0 = time.perf_counter()
             step_metrics: list[dict] = []
@@ -192,4 +193,4 @@ class Learner:
                     step_metrics.append(met)
             step_metrics = jax.device_get(step_metrics)
         timings["policy_train"] = time.perf_counter() - t0
-        return params, opt_state, step_metrics, diffs, timings
+        return params, opt_state, step_metrics, diffs, timings, rows

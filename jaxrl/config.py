@@ -109,6 +109,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.generator.eval_sampling_params = ml_collections.ConfigDict()
     c.generator.eval_sampling_params.temperature = 1.0
     c.generator.eval_sampling_params.greedy = True
+    # Benchmark/test knob: every episode takes at least this long (s), as slow multi-turn episodes
+    # do; a group's delay is episode_delay_s * (1 + jitter * (2u - 1)), u uniform from (seed, prompt).
+    c.generator.episode_delay_s = 0.0
+    c.generator.episode_delay_jitter = 0.0
 
     # ---- Harbor terminal tasks (the Terminus-style agent loop, jaxrl/envs/harbor/agent.py) ----
     c.harbor = ml_collections.ConfigDict()
@@ -228,6 +232,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.trainer.critic.optimizer.weight_decay = 0.0
     c.trainer.critic.optimizer.max_grad_norm = 1.0
 
+    # Asynchronous RL (docs/async.md). Named async_rl, not async: `async` is a Python keyword, and
+    # ml_collections parses --config.a.b.c override paths as Python, so trainer.async.* could not be set.
+    c.trainer.async_rl = ml_collections.ConfigDict()
+    c.trainer.async_rl.mode = "sync"  # sync | one_step | fully_async
+    c.trainer.async_rl.max_staleness_steps = 4  # fully_async: trained version - first-token version <= this
+    c.trainer.async_rl.max_in_flight_trajectories = 0  # fully_async; 0 = (max_staleness_steps + 1) x B x n
+    c.trainer.async_rl.stale_action = "drop"  # drop | regenerate: what becomes of a group older than the bound
+
     c.trainer.collapse = ml_collections.ConfigDict()
     c.trainer.collapse.enabled = True
     c.trainer.collapse.drop = 0.2  # EMA below best EMA by this much (absolute reward) ...
@@ -292,6 +304,8 @@ KEY_DOCS: dict[str, str] = {
     "generator.sampling_params.top_k": "top-k of training rollouts; -1 or 0 = off",
     "generator.eval_sampling_params.temperature": "temperature of held-out evaluation when greedy is False",
     "generator.eval_sampling_params.greedy": "held-out evaluation decodes greedily (argmax)",
+    "generator.episode_delay_s": "benchmark/test knob: every episode takes at least this long (s); 0 = off",
+    "generator.episode_delay_jitter": "spread of episode_delay_s per prompt, in [0, 1]: d x (1 + jitter x (2u - 1))",
     # Harbor terminal tasks
     "harbor.prompt_style": "agent prompt: terminus (Terminus-2, the seed runs') | compact (embedded terminal policy)",
     "harbor.agent_timeout_sec": "agent's wall-clock budget per trial (s); 0 = the task's [agent] timeout_sec",
@@ -392,6 +406,12 @@ KEY_DOCS: dict[str, str] = {
     "trainer.critic.optimizer.lr": "critic AdamW learning rate (betas, eps, schedule, offload: trainer.optimizer)",
     "trainer.critic.optimizer.weight_decay": "critic AdamW decoupled weight decay",
     "trainer.critic.optimizer.max_grad_norm": "critic global gradient-norm clip",
+    "trainer.async_rl.mode": "sync (generate, then train) | one_step (generator one batch ahead) | fully_async",
+    "trainer.async_rl.max_staleness_steps": "fully_async: a group is trained only while its oldest token is <= this "
+                                         "many versions old",
+    "trainer.async_rl.max_in_flight_trajectories": "fully_async: trajectories generating at once; 0 = (staleness + 1) "
+                                                "x B x n",
+    "trainer.async_rl.stale_action": "a group older than the bound is dropped and counted | regenerated",
     "trainer.collapse.enabled": "detect a reward collapse: the EMA below its best by drop for patience steps",
     "trainer.collapse.drop": "collapse: drop of the reward EMA below its best (absolute reward)",
     "trainer.collapse.patience": "collapse: consecutive steps below best - drop",
@@ -701,6 +721,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
     _require(sp.top_k == -1 or sp.top_k >= 0, "generator.sampling_params.top_k", f"{sp.top_k} is not a valid top-k",
              "use -1 (or 0) to disable top-k, or a positive k")
     _validate_logprobs_mode(c)
+    _validate_async(c)
     from jaxrl import gpu_memory
 
     gpu_memory.check_keys(c)
@@ -913,6 +934,56 @@ def _validate_algorithm(c: ml_collections.ConfigDict) -> None:
     _require(crit.optimizer.weight_decay >= 0, "trainer.critic.optimizer.weight_decay", "must be >= 0", "use 0")
     loss_config(c)
     advantage_config(c)
+
+
+ASYNC_MODES = ("sync", "one_step", "fully_async")
+
+
+def _validate_async(c: ml_collections.ConfigDict) -> None:
+    """trainer.async_rl.* and the episode-delay knobs; an asynchronous run whose trajectories can be
+    stale needs a rollout-anchored loss (`losses.is_rollout_anchored`)."""
+    from jaxrl.rl import losses
+
+    t, ac, g = c.trainer, c.trainer.async_rl, c.generator
+    n, B = g.n_samples_per_prompt, t.train_batch_size
+    _require(ac.mode in ASYNC_MODES, "trainer.async_rl.mode", f"unknown mode {ac.mode!r}",
+             "use 'sync', 'one_step' or 'fully_async'")
+    _require(isinstance(ac.max_staleness_steps, int) and ac.max_staleness_steps >= 0,
+             "trainer.async_rl.max_staleness_steps", f"{ac.max_staleness_steps!r} is not a step count >= 0",
+             "use e.g. 4 (0 = every trained trajectory was sampled by the policy being trained)")
+    _require(ac.stale_action in ("drop", "regenerate"), "trainer.async_rl.stale_action",
+             f"unknown action {ac.stale_action!r}", "use 'drop' or 'regenerate'")
+    _require(math.isfinite(g.episode_delay_s) and g.episode_delay_s >= 0, "generator.episode_delay_s",
+             f"{g.episode_delay_s} is not a delay", "use 0 (off) or a number of seconds")
+    _require(0 <= g.episode_delay_jitter <= 1, "generator.episode_delay_jitter", f"{g.episode_delay_jitter} is "
+             "outside [0, 1]", "use 0 (every episode takes episode_delay_s) up to 1 (uniform in [0, 2 x delay])")
+    if ac.mode == "sync":
+        return
+    _require(t.mini_batch_size == B and t.update_epochs_per_batch == 1, "trainer.mini_batch_size",
+             f"trainer.async_rl.mode={ac.mode} publishes one policy version per RL step, which must be one optimizer "
+             f"step (train_batch_size={B}, mini_batch_size={t.mini_batch_size}, update_epochs_per_batch="
+             f"{t.update_epochs_per_batch})",
+             f"set mini_batch_size={B} and update_epochs_per_batch=1 (SkyRL's fully-async trainer requires the same)")
+    S = ac.max_staleness_steps
+    W = ac.max_in_flight_trajectories
+    if ac.mode == "fully_async" and W:
+        _require(isinstance(W, int) and W % n == 0 and n <= W <= (S + 1) * B * n,
+                 "trainer.async_rl.max_in_flight_trajectories",
+                 f"{W} is not a whole number of groups of n_samples_per_prompt={n} between one group and "
+                 f"(max_staleness_steps + 1) x train_batch_size x n = {(S + 1) * B * n}",
+                 f"use 0 (= {(S + 1) * B * n}) or a multiple of {n} in that range")
+    if ac.mode == "one_step" or S > 0:
+        try:
+            anchored = losses.is_rollout_anchored(loss_config(c))
+        except ValueError:  # a LossConfig the trainer reports when it builds it
+            return
+        what = "one_step" if ac.mode == "one_step" else f"fully_async with max_staleness_steps={S}"
+        _require(anchored, "trainer.async_rl.mode",
+                 f"{what} trains on trajectories sampled by older policy versions (mu != pi_old), and "
+                 f"policy_loss_type={c.trainer.algorithm.policy_loss_type!r} without "
+                 "off_policy_correction.tis_ratio_type is anchored on pi_old only, so nothing corrects for it",
+                 "set --config.trainer.algorithm.off_policy_correction.tis_ratio_type=token (or sequence), or use "
+                 "trainer.async_rl.mode=sync or max_staleness_steps=0")
 
 
 def _is_harbor_run(c: ml_collections.ConfigDict) -> bool:

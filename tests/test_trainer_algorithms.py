@@ -168,7 +168,7 @@ def test_learner_update_with_critic_kl_in_reward_and_a_covariance_loss():
     batch = trainer.pack_trajectories(trajs, None, (16,))
     embed0 = np.asarray(params["embed_tokens"]).copy()
     head0 = np.asarray(learner.critic.params[critic_model.VALUE_HEAD]["kernel"]).copy()
-    params, opt, step_metrics, diffs, timings, stage = learner.update(params, opt, batch, ref, step=1, kl_coef=0.1)
+    params, opt, step_metrics, diffs, timings, stage, _ = learner.update(params, opt, batch, ref, step=1, kl_coef=0.1)
     m = stage["metrics"]
     assert len(step_metrics) == 2 and {"fwd_values", "critic_train", "advantages"} <= set(timings)
     # π_old = π_ref at the start: the KL penalty is 0 (k3 of equal logprobs), so the rewards are the outcomes

@@ -143,10 +143,15 @@ class Trajectory:
       reward: float, the sum of the environment's step rewards (0 on `env_error`).
       stop_reason: one of `STOP_REASONS`.
       group_id: id shared by the `n_samples_per_prompt` samples of one task.
-      policy_version: oldest weights version among the turns' completions.
+      policy_version: oldest weights version among the turns' completions (the version of the
+        first generated token: sidecars only move to newer versions); 0 when no turn was generated.
       num_turns: number of assistant turns generated.
       info: the environment's step infos merged (later steps override), plus `task_id`,
         `sample_index`, and `truncated_by` / `error` where relevant.
+      last_policy_version: newest weights version among the turns' completions (the version of
+        the last generated token); above `policy_version` when the episode spanned a weight update
+        (asynchronous RL: a sidecar loads new weights between requests). None when no turn was
+        generated.
     """
 
     prompt_ids: np.ndarray
@@ -159,6 +164,7 @@ class Trajectory:
     policy_version: int
     num_turns: int
     info: dict = dataclasses.field(default_factory=dict)
+    last_policy_version: Optional[int] = None
 
     def __post_init__(self):
         r = len(self.response_ids)
@@ -253,6 +259,7 @@ class _Conversation:
             policy_version=min(self.versions) if self.versions else 0,
             num_turns=self.num_turns,
             info=self.info,
+            last_policy_version=max(self.versions) if self.versions else None,
         )
 
 

@@ -255,6 +255,16 @@ def _check_choice(field, value, choices):
         raise ValueError(f"{field} must be one of {choices}, got {value!r}.")
 
 
+def is_rollout_anchored(config: LossConfig) -> bool:
+    """True when the objective corrects for trajectories sampled by a rollout policy μ other than
+    π_old (asynchronous RL, where μ is up to `max_staleness_steps` versions older): truncated
+    importance sampling of π_old / μ (`tis_ratio_type`, Yao et al. 2025, "Your efficient RL
+    framework secretly brings you off-policy RL training"), or CISPO with its ratio anchored on
+    μ (`cispo_anchor="rollout"`). SkyRL's fully-async trainer asserts the same (issue #1315)."""
+    return config.tis_ratio_type is not None or (config.policy_loss_type == "cispo"
+                                                 and config.cispo_anchor == "rollout")
+
+
 def needs_reference_model(config: LossConfig) -> bool:
     """True iff the loss has a KL-to-reference term (use_kl_loss and kl_loss_coef != 0)."""
     return bool(config.use_kl_loss) and float(config.kl_loss_coef) != 0.0
@@ -927,6 +937,7 @@ __all__ = [
     "dual_clip_loss",
     "entropy_from_logits",
     "gspo_loss",
+    "is_rollout_anchored",
     "kl_cov_loss",
     "kl_penalty",
     "metric_combine_rule",

@@ -7,7 +7,10 @@ requests in flight (ties: round-robin). Before the first request with given samp
 checks, from every sidecar's ``/health``, that the sidecar returns the logprob definition the
 request asks for (logprob_modes.py). `load_weights` has every sidecar load a published version and
 returns only when each reports that version; from then on a completion from any other version is
-an error.
+an error. With `in_flight_updates=True` (asynchronous RL: versions are loaded while requests are in
+flight) a completion may report any version at least the one expected when its request was sent.
+`load_weights(..., partial_ok=True)` takes a sidecar that fails to load out of rotation (no
+request is sent to it) until a later load on it succeeds.
 
 Errors are `SidecarError`s naming the sidecar's URL, in three kinds the trainer can tell apart:
 `SidecarUnreachable` (connection refused or lost, timeouts: the process may be dead; restart it),
@@ -63,12 +66,14 @@ class SidecarClient:
       timeout_s: read timeout of one HTTP request (s); connect timeout is `connect_timeout_s`.
       max_retries: further attempts after a transport error or 502/503/504.
       max_prompts_per_request: prompts per HTTP request (a generate call is split into chunks).
+      in_flight_updates: accept a completion of any version >= the one expected when its request
+        was sent (the sidecar swapped weights between requests); False: exactly the expected one.
     """
 
     def __init__(self, urls: Sequence[str] | str, *, token: Optional[str] = None, token_file: Optional[str] = None,
                  backend: Optional[str] = None, timeout_s: float = 600.0, connect_timeout_s: float = 5.0,
                  max_retries: int = 2, retry_backoff_s: float = 0.5, max_prompts_per_request: int = 64,
-                 model: str = "policy", max_workers: int = 32):
+                 model: str = "policy", max_workers: int = 32, in_flight_updates: bool = False):
         import httpx
 
         if isinstance(urls, str):
@@ -95,6 +100,8 @@ class SidecarClient:
         self._health: dict[str, dict] = {}
         self._checked: set = set()
         self.expected_version: Optional[int] = None  # set by load_weights
+        self.in_flight_updates = in_flight_updates
+        self.out_of_rotation: dict[str, str] = {}  # url -> why its last weight load failed (partial_ok)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers)
 
     def close(self) -> None:
@@ -110,7 +117,8 @@ class SidecarClient:
     # -- transport -----------------------------------------------------------------------------
     def _pick(self, exclude: set) -> str:
         with self._lock:
-            candidates = [u for u in self.urls if u not in exclude] or list(self.urls)
+            serving = [u for u in self.urls if u not in self.out_of_rotation] or list(self.urls)
+            candidates = [u for u in serving if u not in exclude] or serving
             start = next(self._rr)
             order = candidates[start % len(candidates):] + candidates[:start % len(candidates)]
             url = min(order, key=lambda u: self._in_flight[u])
@@ -209,6 +217,7 @@ class SidecarClient:
 
     def _complete(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
         what = f"generate {len(prompts) * params.n} completions"
+        sent_expected = self.expected_version
         url, resp = self._request("POST", "/v1/completions", self.request_body(prompts, params), what)
         try:
             out = wire.decode_completion_response(resp, len(prompts), params.n)
@@ -216,7 +225,12 @@ class SidecarClient:
             raise SidecarError(url, f"sent an unreadable completions answer: {e}") from e
         expected = self.expected_version
         got = resp.get("policy_version")
-        if expected is not None and got != expected:
+        if self.in_flight_updates and sent_expected is not None:
+            if not isinstance(got, int) or got < sent_expected:
+                raise SidecarError(url, f"served policy version {got}, older than version {sent_expected} every "
+                                        "sidecar had loaded when the request was sent; it lost its weights (was it "
+                                        "restarted without --resume-latest?)")
+        elif expected is not None and got != expected:
             raise SidecarError(url, f"served policy version {got}, but every sidecar was told to load version "
                                     f"{expected}; it lost its weights (was it restarted without --resume-latest?)")
         return out
@@ -249,11 +263,14 @@ class SidecarClient:
         """
         return {u: self._request("GET", "/health", None, "report its health", url=u)[1] for u in self.urls}
 
-    def load_weights(self, version: int, path: str) -> dict[str, dict]:
+    def load_weights(self, version: int, path: str, partial_ok: bool = False) -> dict[str, dict]:
         """Has every sidecar load committed version `version` at `path`; returns {url: answer}.
 
         Each sidecar answers only after its engine (for vLLM: every worker) reports `version`;
         the client checks the answer too. Afterwards completions of any other version are refused.
+        With `partial_ok`, a sidecar whose load fails is taken out of rotation (`out_of_rotation`
+        names it and the error; the answer omits it) and one whose load succeeds is put back; the
+        call raises only when no sidecar loaded `version`.
 
         Raises:
           SidecarUnreachable: a sidecar did not answer (dead, or killed during the load).
@@ -262,7 +279,20 @@ class SidecarClient:
           SidecarError: the load failed in the sidecar, or it reports another version.
         """
         futures = {u: self._pool.submit(self._load_one, u, int(version), path) for u in self.urls}
-        out = {u: f.result() for u, f in futures.items()}
+        if not partial_ok:
+            out = {u: f.result() for u, f in futures.items()}
+            self.expected_version = int(version)
+            return out
+        out, failed = {}, {}
+        for u, f in futures.items():
+            try:
+                out[u] = f.result()
+            except SidecarError as e:
+                failed[u] = e
+        if not out:
+            raise next(iter(failed.values()))
+        with self._lock:
+            self.out_of_rotation = {u: str(e) for u, e in failed.items()}
         self.expected_version = int(version)
         return out
 

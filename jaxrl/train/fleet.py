@@ -3,7 +3,11 @@ the client that spreads requests over them, weight publication, and restarts.
 
 Process 0 owns the fleet; every process writes its shards of a published version (`publish`).
 A sidecar that dies during generation or during a weight load is restarted once (it loads the
-newest committed version itself, `--resume-latest`) and the call is retried.
+newest committed version itself, `--resume-latest`) and the call is retried. With several
+sidecars, one that fails to load a version is taken out of rotation (no request goes to it) until
+a later load on it succeeds; the run goes on with the others. In asynchronous modes the client
+accepts completions of versions newer than the one expected when the request was sent (a sidecar
+loads new weights between requests while the generator keeps sending them).
 """
 from __future__ import annotations
 
@@ -11,7 +15,9 @@ import dataclasses
 import os
 import re
 import secrets
+import signal
 import sys
+import threading
 import time
 from typing import Optional
 
@@ -40,6 +46,22 @@ def _maybe_kill_sidecar(point: str, version: int, sidecars) -> None:
         sidecars[0].kill()
 
 
+def _maybe_kill_during_load(version: int, client, load) -> None:
+    """Fault injection: JAXRL_KILL_AT="load:<version>" SIGKILLs the trainer while the sidecars load
+    policy version <version>: the version is committed in the sync directory, the load runs in a
+    thread, and the kill comes 0.01 s after its first `/v1/load_weights` request went out (the
+    sidecars are then loading it or waiting for their running completions)."""
+    if os.environ.get("JAXRL_KILL_AT", "") != f"load:{version}":
+        return
+    sent = threading.Event()
+    client._http.event_hooks["request"].append(
+        lambda request: sent.set() if request.url.path.endswith("/v1/load_weights") else None)
+    threading.Thread(target=load, daemon=True).start()
+    sent.wait(30)
+    time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 class Fleet:
     """Sidecars + client of one run. `start()` on process 0; `publish()` on every process.
 
@@ -63,6 +85,8 @@ class Fleet:
         self.client: Optional[SidecarClient] = None
         self.last_sync_seconds = 0.0
         self.last_sync_bytes = 0
+        self.in_flight_updates = c.trainer.async_rl.mode != "sync"
+        self._restart_lock = threading.Lock()  # rollout units of the async producer restart concurrently
 
     # -- processes ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -79,7 +103,7 @@ class Fleet:
         rows = evaluation.engine_batch_rows(c)  # one definition, shared with jaxrl.evaluate
         if c.generator.sidecar_urls:  # external sidecars (vLLM, or JAX ones started by launch/slurm_job.sh)
             self.client = SidecarClient(list(c.generator.sidecar_urls), token_file=self.token_file(),
-                                        backend=c.generator.backend,
+                                        backend=c.generator.backend, in_flight_updates=self.in_flight_updates,
                                         max_prompts_per_request=max(1, rows // c.generator.n_samples_per_prompt))
             if c.generator.colocate_with_trainer:  # they must claim the configured share of the trainer's GPUs
                 gpu_memory.check_external_sidecars(c, self.client.health())
@@ -98,6 +122,7 @@ class Fleet:
         for sp in self.sidecars:
             sp.wait_healthy()
         self.client = SidecarClient([sp.url for sp in self.sidecars], token_file=self.token_file(),
+                                    in_flight_updates=self.in_flight_updates,
                                     max_prompts_per_request=max(1, rows // c.generator.n_samples_per_prompt))
 
     def token_file(self) -> str:
@@ -129,15 +154,16 @@ class Fleet:
         Raises:
           SidecarError: a sidecar did not come back (one line naming its log file).
         """
-        dead = [sp for sp in self.sidecars if not sp.alive()]
-        for sp in dead:
-            print(f"jaxrl: sidecar {sp.url} died (exit code {sp.returncode}); restarting", file=sys.stderr)
-            try:
-                sp.restart()
-            except (RuntimeError, TimeoutError) as e:
-                raise SidecarError(sp.url, f"did not restart ({str(e).splitlines()[0]}); see its log "
-                                           f"{sp.log_path}") from None
-        return bool(dead)
+        with self._restart_lock:
+            dead = [sp for sp in self.sidecars if not sp.alive()]
+            for sp in dead:
+                print(f"jaxrl: sidecar {sp.url} died (exit code {sp.returncode}); restarting", file=sys.stderr)
+                try:
+                    sp.restart()
+                except (RuntimeError, TimeoutError) as e:
+                    raise SidecarError(sp.url, f"did not restart ({str(e).splitlines()[0]}); see its log "
+                                               f"{sp.log_path}") from None
+            return bool(dead)
 
     def with_restart(self, what: str, fn):
         """Runs `fn()`; if it fails because a sidecar died, restarts the dead sidecars and runs it
@@ -173,7 +199,16 @@ class Fleet:
         if self.is_main:
             path = weight_sync.version_path(self.sync_dir, version)
             _maybe_kill_sidecar("publish", version, self.sidecars)
-            self.with_restart(f"loading policy version {version}", lambda: self.client.load_weights(version, path))
+            several = len(self.client.urls) > 1
+            load = lambda: self.client.load_weights(version, path, partial_ok=several)  # noqa: E731
+            _maybe_kill_during_load(version, self.client, load)
+            self.with_restart(f"loading policy version {version}", load)
+            if self.client.out_of_rotation and self.restart_dead():
+                load()  # the restarted sidecars serve the newest version: back into rotation
+            for url, why in self.client.out_of_rotation.items():
+                print(f"jaxrl: warning: sidecar {url} failed to load policy version {version} and is out of "
+                      f"rotation until it loads a later one ({sidecar_error_text(RuntimeError(why))})",
+                      file=sys.stderr)
         self.last_sync_seconds = time.perf_counter() - t0
         self.last_sync_bytes = stats.bytes
 
@@ -189,9 +224,12 @@ class Fleet:
                                                                                       * max(num_tasks, 1))))
         return cfg
 
-    def generate(self, tasks, sampling: SamplingParams, n: int):
+    def generate(self, tasks, sampling: SamplingParams, n: int, chat=None):
         """`n` trajectories per task through the rollout loop (process 0), restarting a sidecar
-        that dies and generating again. Harbor runs play each trajectory as a sandboxed trial."""
+        that dies and generating again. Harbor runs play each trajectory as a sandboxed trial.
+        `chat`: the `ChatTemplate` to use (default the fleet's; threads that generate concurrently
+        each pass their own, a tokenizer is not thread-safe)."""
+        chat = chat or self.chat
         return self.with_restart(
-            "generation", lambda: run_rollouts(self.client, self.chat, tasks, sampling,
+            "generation", lambda: run_rollouts(self.client, chat, tasks, sampling,
                                                self.rollout_cfg(n, len(tasks)), make_env=self.make_env))

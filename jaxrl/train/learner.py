@@ -19,6 +19,7 @@ import numpy as np
 
 from jaxrl import config as config_lib
 from jaxrl import parallel
+from jaxrl.config import loss_config  # noqa: F401  (re-exported: the trainer's objective)
 from jaxrl.envs import DEFAULT_POLICY_DIR
 from jaxrl.models import qwen3
 from jaxrl.rl import losses
@@ -52,11 +53,6 @@ _POLICY_METRIC_NAMES = {"grad_norm": "policy/grad_norm", "lr": "policy/policy_lr
                         "update_skipped": "policy/update_skipped"}
 
 
-def loss_config(c) -> losses.LossConfig:
-    """The policy objective of a run config (`trainer.algorithm.*`, SkyRL names; `config.loss_config`)."""
-    return config_lib.loss_config(c)
-
-
 def logprob_diff(old_logprobs, rollout_logprobs, loss_mask):
     """Trainer vs engine logprobs on the loss tokens of one mini-batch.
 
@@ -68,6 +64,14 @@ def logprob_diff(old_logprobs, rollout_logprobs, loss_mask):
     m = loss_mask > 0
     d = jnp.where(m, jnp.abs(old_logprobs - rollout_logprobs), 0.0)
     return jnp.sum(d), jnp.sum(m.astype(jnp.float32)), jnp.max(d)
+
+
+def row_logprob_diff(old_logprobs, rollout_logprobs, loss_mask):
+    """Per row of one mini-batch: (sum of |log pi_old - log mu| over its loss tokens, its number of
+    loss tokens), `[N]` float32 each (inputs as in `logprob_diff`)."""
+    m = loss_mask > 0
+    d = jnp.where(m, jnp.abs(old_logprobs - rollout_logprobs), 0.0)
+    return jnp.sum(d, axis=1), jnp.sum(m.astype(jnp.float32), axis=1)
 
 
 def combine_over_minibatches(step_metrics: list[dict]) -> dict[str, float]:
@@ -163,6 +167,8 @@ class Learner:
                                                                  old_logprobs=old_logprobs, advantages=advantages,
                                                                  rng=rng))
         self._logprob_diff = jax.jit(logprob_diff)
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())  # readable on every process
+        self._row_logprob_diff = jax.jit(row_logprob_diff, out_shardings=(replicated, replicated))
 
     def publishable(self, params):
         """The params as the engines receive them: with an offloaded fp32 master, a device copy
@@ -180,8 +186,8 @@ class Learner:
                                   self.opt_sharding)
         return abstract_p, abstract_o
 
-    def update(self, params, opt_state, batch: dict[str, np.ndarray], ref_params=None, *, step: int = 0,
-               kl_coef: Optional[float] = None):
+    def update(self, params, opt_state, batch: dict[str, np.ndarray], ref_params=None, row_diffs: bool = False, *,
+               step: int = 0, kl_coef: Optional[float] = None):
         """One RL step's update on the packed batch `batch` (`batching.pack_trajectories`).
 
         Order: every mini-batch's old logprobs (and reference logprobs, and the critic's values)
@@ -189,11 +195,15 @@ class Learner:
         KL-in-reward penalty with beta `kl_coef`, the estimator, returns); then the policy's
         optimizer steps, then the critic's, on the same mini-batches and micro-batches.
 
-        Returns: (params, opt_state, step_metrics, diffs, timings, stage): `step_metrics` one dict
-        of host floats per policy optimizer step; `diffs` one `logprob_diff` triple per mini-batch;
-        `timings` {"fwd_logprobs", "advantages", "policy_train", and with a critic "fwd_values",
-        "critic_train"} in seconds; `stage` {"per_trajectory": [N] advantages, "metrics": the
-        stage's and the critic's run-log metrics}.
+        Args: row_diffs: also return the per-row trainer-vs-engine logprob gap (the async modes'
+          `async/logprob_diff_mean_staleness_<k>`); step: the RL step (seeds clip_cov's draw);
+          kl_coef: the KL-in-reward beta, None when `use_kl_in_reward` is off.
+        Returns: (params, opt_state, step_metrics, diffs, timings, stage, rows): `step_metrics` one
+        dict of host floats per policy optimizer step; `diffs` one `logprob_diff` triple per
+        mini-batch; `timings` {"fwd_logprobs", "advantages", "policy_train", and with a critic
+        "fwd_values", "critic_train"} in seconds; `stage` {"per_trajectory": [N] advantages,
+        "metrics": the stage's and the critic's run-log metrics}; `rows` None, or with `row_diffs`
+        the `row_logprob_diff` pair over the whole batch (`[N]` numpy each).
         """
         timings: dict[str, Any] = {}
         c = self.c
@@ -201,7 +211,7 @@ class Learner:
         # logprobs are computed before any update, with the same partition as training.
         t0 = time.perf_counter()
         with jax.set_mesh(self.mesh):
-            minis, diffs = [], []
+            minis, diffs, rows = [], [], []
             for mb in range(self.num_minibatches):
                 sl = slice(mb * self.mini_rows, (mb + 1) * self.mini_rows)
                 dev = {k: global_array(v[sl], self.mesh) for k, v in batch.items() if k not in HOST_ONLY}
@@ -211,6 +221,8 @@ class Learner:
                     dev["ref_logprobs"] = self._logprobs(ref_params, dev["tokens"], dev["positions"],
                                                          dev["segment_ids"])
                 diffs.append(self._logprob_diff(dev["old_logprobs"], dev["rollout_logprobs"], dev["loss_mask"]))
+                if row_diffs:
+                    rows.append(self._row_logprob_diff(dev["old_logprobs"], dev["rollout_logprobs"], dev["loss_mask"]))
                 minis.append((dev, sequence_mask))
             jax.block_until_ready(minis)
             timings["fwd_logprobs"] = time.perf_counter() - t0
@@ -221,6 +233,7 @@ class Learner:
                 jax.block_until_ready(minis)
                 timings["fwd_values"] = time.perf_counter() - t0
             diffs = jax.device_get(diffs)
+            rows = (tuple(np.concatenate(x) for x in zip(*jax.device_get(rows))) if row_diffs else None)
 
             # Advantages and returns over the whole step, then each mini-batch's loss weights.
             t0 = time.perf_counter()
@@ -260,4 +273,4 @@ class Learner:
                 for key, name in CRITIC_METRIC_NAMES.items():
                     if key in critic_metrics[0]:
                         stage_metrics[name] = float(np.mean([float(x[key]) for x in critic_metrics]))
-        return params, opt_state, step_metrics, diffs, timings, {"per_trajectory": per_traj, "metrics": stage_metrics}
+        return params, opt_state, step_metrics, diffs, timings, {"per_trajectory": per_traj, "metrics": stage_metrics}, rows

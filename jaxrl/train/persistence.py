@@ -38,15 +38,14 @@ class Checkpoints:
                                      extra_items=("critic",) if learner.critic is not None else ())
 
     def save(self, step: int, params, opt_state, state: TrainerState, ema) -> None:
-        """Checkpoints `step` with `state` (updated in place: step, data position, EMA, best),
-        then prunes: the last `max_ckpts_to_keep` steps and the best stay.
+        """Checkpoints `step` with `state` (updated in place: step, EMA, best; the caller sets the
+        data position), then prunes: the last `max_ckpts_to_keep` steps and the best stay.
 
         The best checkpoint is the saved step with the highest reward EMA; on a tie the earlier
         step stays best. It is recorded in the trainer state that is saved with the step, and it
         is the only step retention protects, so it is on disk whenever a checkpoint names it.
         """
         state.step = step
-        state.data_position = step * self.c.trainer.train_batch_size
         state.ema = ema.state_dict()
         if ema.value is not None and ema.value > state.best_ckpt_ema:
             state.best_ckpt_step, state.best_ckpt_ema = step, float(ema.value)

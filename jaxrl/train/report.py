@@ -30,7 +30,7 @@ def report_text(c, summary, rows, state: TrainerState, collapsed: bool) -> str:
     """The markdown of `report.md`: recipe, result (best step, held-out success), events, and
     the mean time per step of each phase."""
     a = c.trainer.algorithm
-    timing_keys = sorted({k for r in rows for k in r if k.startswith("timing/")})
+    timing_keys = sorted({k for r in rows for k in r if k.startswith("timing/") and k != "timing/elapsed"})
     timing_lines = [f"| {k[7:]} | {np.mean([float(r[k]) for r in rows if k in r and r['step'] > 0] or [0]):.2f} |"
                     for k in timing_keys]
     last = rows[-1] if rows else {}

@@ -17,8 +17,10 @@ from jaxrl import config as config_lib
 RESUMABLE_CHANGES = ("trainer.num_steps", "generator.sidecar_urls", "trainer.optimizer.offload")
 
 # Fault injection for the kill tests: JAXRL_KILL_AT="<point>:<step>" makes the trainer SIGKILL
-# itself at that point of that step (points: "generate" = after the first rollout turn was
-# generated, "save" = while the checkpoint of the step is being written).
+# itself at that point of that step (points: "generate" = after the step's rollouts were
+# generated, "train" = after the step's update, before its weights are published, "save" = while
+# the checkpoint of the step is being written; "load:<version>" = while the sidecars load a
+# published version, see fleet.py).
 KILL_ENV = "JAXRL_KILL_AT"
 
 
@@ -114,7 +116,12 @@ class TrainerState:
     skipped_updates: int = 0
     events: list = dataclasses.field(default_factory=list)
     initial_eval: Optional[float] = None
-    data_position: int = 0  # prompts consumed (= step * train_batch_size)
+    data_position: int = 0  # prompts consumed: trained on or dropped (sync: step * train_batch_size)
+    # Asynchronous modes (docs/async.md): the first prompt never admitted, the prompts admitted
+    # but not trained at the checkpoint (generated again after a resume), trajectories dropped as stale.
+    async_next_prompt: int = 0
+    async_pending: list = dataclasses.field(default_factory=list)
+    dropped_stale_total: int = 0
     best_ckpt_step: int = -1  # the saved step with the highest reward EMA (what best/ exports)
     best_ckpt_ema: float = -math.inf
     kl_coef: Optional[float] = None  # use_kl_in_reward: the KL controller's beta (None = kl_loss_coef)

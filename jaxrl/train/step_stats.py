@@ -4,7 +4,7 @@ same; DESIGN.md §7)."""
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -71,12 +71,16 @@ def decode_for_log(tokenizer, ids) -> str:
         return f"<undecodable token ids {[int(i) for i in ids][:64]}>"
 
 
-def trial_rows(trajs: list[Trajectory], advantages: np.ndarray, decode: Callable) -> list[dict[str, Any]]:
-    """One `trial_stats.csv` / `rollouts/step_*.jsonl` row per trajectory."""
+def trial_rows(trajs: list[Trajectory], advantages: np.ndarray, decode: Callable,
+               extra: Optional[list[dict]] = None) -> list[dict[str, Any]]:
+    """One `trial_stats.csv` / `rollouts/step_*.jsonl` row per trajectory; `extra` adds fields
+    per trajectory (the rollout source's `prompt_index` and `staleness`)."""
     return [{"group_id": t.group_id, "sample_index": t.info.get("sample_index", 0), "reward": t.reward,
              "advantage": float(a), "num_tokens": int(t.loss_mask.sum()), "num_turns": t.num_turns,
              "stop_reason": t.stop_reason, "policy_version": t.policy_version,
+             "policy_version_last": t.last_policy_version if t.last_policy_version is not None else "",
+             **(extra[i] if extra else {}),
              "task_id": t.info.get("task_id", ""), "excluded": int(is_excluded(t)),
              "error": excluded_detail(t) if is_excluded(t) else "",
              "prompt": decode(t.prompt_ids), "response": decode(t.response_ids)}
-            for t, a in zip(trajs or [], advantages)]
+            for i, (t, a) in enumerate(zip(trajs or [], advantages))]

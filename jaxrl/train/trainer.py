@@ -2,9 +2,12 @@
 mesh, weight publication, evaluation, checkpoints, run logs, best-by-EMA selection and collapse
 handling. This module composes the others; one RL step is `Trainer._rl_step`:
 
-  prompts.PromptSource.train_batch -> fleet.Fleet.generate -> batching.training_batch
-  -> multihost.broadcast_from_main -> learner.Learner.update -> fleet.Fleet.publish
-  -> learner.policy_metrics + step_stats.batch_metrics -> metrics.RunLogger -> persistence.Checkpoints.save
+  rollouts.SyncRollouts.get (prompts.PromptSource.train_batch -> fleet.Fleet.generate), or
+  rollouts.AsyncRollouts.get (producer.RolloutProducer.take of groups generated ahead)
+  -> batching.pack_trajectories -> multihost.broadcast_from_main -> learner.Learner.update
+  (old logprobs, critic values, advantage_stage, policy and critic optimizer steps)
+  -> fleet.Fleet.publish -> learner.policy_metrics + step_stats.batch_metrics
+  -> metrics.RunLogger -> persistence.Checkpoints.save
 
 Batch semantics follow SkyRL: a step takes `train_batch_size` prompts, each sampled
 `n_samples_per_prompt` times; `mini_batch_size` prompts (x n sequences) make one optimizer
@@ -15,7 +18,8 @@ order. `old_logprobs` are computed once per RL step, before any update, by the s
 Determinism and resume: every random choice derives from (`seed`, step) — the prompts of step s,
 the sampling seeds of its requests — and the checkpoint holds params, optimizer state, the
 reward EMA and the data position, so a run killed at any point and restarted with the same
-command continues from the last committed checkpoint and produces the same metrics.
+command continues from the last committed checkpoint and produces the same metrics. In the
+asynchronous modes what is exact after a kill is stated in docs/async.md.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import numpy as np
@@ -38,6 +42,7 @@ from jaxrl.rollout.types import SamplingParams
 from jaxrl.train import advantage_stage
 from jaxrl.train import evaluation
 from jaxrl.train import harbor as harbor_run
+from jaxrl.train.rollouts import AsyncRollouts, SyncRollouts, logprob_gap_by_staleness
 from jaxrl.train import step as step_lib
 # Re-exported: the names callers used before the trainer was split into these modules.
 from jaxrl.train.batching import (EXCLUDED_STOP_REASONS, bucket_length, is_excluded,  # noqa: F401
@@ -122,6 +127,8 @@ class Trainer:
                            harbor=self.prompts.harbor)
         self.state = TrainerState()
         self.ema = RewardEMA(span=c.trainer.ema_span)
+        self.is_async = c.trainer.async_rl.mode != "sync"
+        self.rollouts = None  # SyncRollouts / AsyncRollouts (process 0), made in run()
 
     def _check_prompt_lengths(self, tasks, path: str) -> None:
         """Rejects dataset prompts (training or held-out, read from `path`) whose rendering exceeds
@@ -143,11 +150,16 @@ class Trainer:
                     "raise --config.data.max_prompt_length or remove the long prompts from the dataset")
 
     # -- weights, evaluation, checkpoints -------------------------------------------------------
-    def _publish(self, params, version: int) -> None:
-        """Publishes `params` as policy `version` (every process) and has the sidecars load it."""
+    def _publish(self, params, version: int, steps_done: Optional[int] = None) -> None:
+        """Publishes `params` as policy `version` (every process) and has the sidecars load it;
+        then tells the rollout producer (async modes) that `steps_done` steps are trained."""
         t0 = time.perf_counter()
+        if self.rollouts is not None:
+            self.rollouts.before_load()
         self.fleet.publish(self.learner.publishable(params), version)
         self.state.policy_version = version
+        if self.rollouts is not None:
+            self.rollouts.after_load(version, self.state.step if steps_done is None else steps_done)
         self.timings["sync_weights"] = time.perf_counter() - t0
 
     def evaluate(self) -> dict[str, float]:
@@ -166,6 +178,14 @@ class Trainer:
 
     def _save(self, step: int, params, opt_state) -> None:
         t0 = time.perf_counter()
+        if self.is_async:  # process 0 knows the producer's position; every process saves the same state
+            snap = self.rollouts.snapshot(step) if self.rollouts is not None else (0, [])
+            flat = broadcast_from_main({"pos": np.array([snap[0], *snap[1]], np.int64)} if self.is_main else None)
+            self.state.async_next_prompt = int(flat["pos"][0])
+            self.state.async_pending = [int(k) for k in flat["pos"][1:]]
+            self.state.data_position = self.state.async_next_prompt - len(self.state.async_pending)
+        else:
+            self.state.data_position = step * self.c.trainer.train_batch_size
         self.ckpt.save(step, params, opt_state, self.state, self.ema)
         self.timings["save_checkpoints"] = time.perf_counter() - t0
 
@@ -220,12 +240,19 @@ class Trainer:
         try:
             if self.is_main:
                 self.fleet.start()
+            self.state.step = start
             self._publish(params, self.state.policy_version)
             if start == 0 and c.trainer.eval_before_train:
                 ev = self.evaluate()
                 if ev:
                     self.state.initial_eval = ev["eval/success_rate"]
                     logger.log_step(0, {**ev, "timing/eval": self.timings["eval"]})
+            if self.is_main:  # after the initial evaluation: the producer starts generating at once
+                self.rollouts = (AsyncRollouts(c, self.prompts, self.fleet, steps_done=start,
+                                               version=self.state.policy_version,
+                                               next_prompt=self.state.async_next_prompt,
+                                               pending=self.state.async_pending)
+                                 if self.is_async else SyncRollouts(c, self.prompts, self.fleet))
             bar = Progress(start, c.trainer.num_steps, enabled=self.progress and self.is_main)
             step = start
             for step in range(start + 1, c.trainer.num_steps + 1):
@@ -236,8 +263,10 @@ class Trainer:
                     self._eval_step = step
                 phases = ("generate", "fwd_logprobs", "advantages", "policy_train", "sync_weights", "step")
                 phases += ("fwd_values", "critic_train") if self.learner.critic is not None else ()
+                phases += ("trainer_idle", "generator_idle") if self.is_async else ()
                 for k in phases:
                     m[f"timing/{k}"] = self.timings.get(k, 0.0)
+                m["timing/elapsed"] = time.perf_counter() - t_run  # since this process started the run
                 # Logs first, then the checkpoint: a run killed in between resumes from the previous
                 # checkpoint and drops these rows, so logs never miss a step that a checkpoint covers.
                 logger.log_step(step, m)
@@ -261,68 +290,70 @@ class Trainer:
                         stopped_by_collapse = True
                         break
             bar.close()
+            if self.rollouts is not None:
+                self.rollouts.stop()
+                self.rollouts = None
             summary = self._finish(logger, step, time.perf_counter() - t_run, stopped_by_collapse)
         finally:
+            if self.rollouts is not None:
+                self.rollouts.stop()
             logger.close()
             self.fleet.close()
             self.ckpt.close()
         return summary
-
-    def _rollout_batch(self, step: int):
-        """Process 0: rollouts, rewards and the packed batch of `step` (advantages come later, in the
-        learner, after its forward passes)."""
-        c, n = self.c, self.c.generator.n_samples_per_prompt
-        tasks = self.prompts.train_batch(step)
-        sp = c.generator.sampling_params
-        sampling = SamplingParams(temperature=sp.temperature, top_p=sp.top_p, top_k=max(sp.top_k, 0),
-                                  seed=derive_seed(c.seed, step, 3), logprobs_mode=c.generator.logprobs_mode)
-        t0 = time.perf_counter()
-        trajs = self.fleet.generate(tasks, sampling, n=n)
-        maybe_kill("generate", step)
-        self.timings["generate"] = time.perf_counter() - t0
-        rewards = np.array([t.reward for t in trajs], np.float32)
-        return trajs, rewards, pack_trajectories(trajs, None, c.trainer.seq_len_buckets)
 
     def _rl_step(self, step: int, params, opt_state):
         """One RL step: rollouts (process 0), the update on every process, publication, metrics.
         Returns (params, opt_state, metrics, trial rows, is_new_best_ema)."""
         c = self.c
         t_step = time.perf_counter()
-        trajs = None
+        trajs, extra, async_m = None, None, {}
         if self.is_main:
-            trajs, rewards, batch = self._rollout_batch(step)
-            host = dict(batch, rewards=rewards)
+            trajs, extra, async_m, timings = self.rollouts.get(step, self.state.policy_version)
+            self.timings.update(timings)
+            rewards = np.array([t.reward for t in trajs], np.float32)
+            # Advantages come later, in the learner, after its forward passes (`advantage_stage`).
+            batch = pack_trajectories(trajs, None, c.trainer.seq_len_buckets)
+            host = dict(batch, rewards=rewards, staleness=np.array([e["staleness"] for e in extra], np.int64),
+                        dropped=np.array([async_m.get("async/dropped_stale", 0)], np.int64))
         else:
             host = None
         host = broadcast_from_main(host)
-        rewards = host.pop("rewards")
+        rewards, staleness = host.pop("rewards"), host.pop("staleness")
+        self.state.dropped_stale_total += int(host.pop("dropped")[0])  # the same on every process
         batch = host
 
         a = c.trainer.algorithm
         kl_coef = None  # use_kl_in_reward: the controller's beta, kl_loss_coef at the start
         if a.use_kl_in_reward:
             kl_coef = a.kl_loss_coef if self.state.kl_coef is None else self.state.kl_coef
-        params, opt_state, step_metrics, diffs, timings, stage = self.learner.update(
-            params, opt_state, batch, self.ref_params, step=step, kl_coef=kl_coef)
+        params, opt_state, step_metrics, diffs, timings, stage, rows = self.learner.update(
+            params, opt_state, batch, self.ref_params, row_diffs=self.is_async, step=step, kl_coef=kl_coef)
         advantages = stage["per_trajectory"]
         if kl_coef is not None:
             self.state.kl_coef = advantage_stage.next_kl_coef(c, kl_coef, stage["metrics"],
                                                               int(batch["sequence_mask"].sum()))
         self.timings.update(timings)
+        maybe_kill("train", step)
         self.state.skipped_updates += int(sum(m["update_skipped"] for m in step_metrics))
-        self._publish(params, self.state.policy_version + 1)
+        self.state.step = step
+        self._publish(params, self.state.policy_version + 1, steps_done=step)
 
         m: dict[str, Any] = policy_metrics(step_metrics)
         m["policy/num_skipped_updates_total"] = self.state.skipped_updates
         m.update(batch_metrics(c, step, trajs, rewards, advantages, batch, diffs, self.is_main))
         m.update(stage["metrics"])  # loss/avg_raw_returns; KL in reward (loss/avg_kl...); critic/*
         m["trainer/policy_version"] = self.state.policy_version
+        if self.is_async:
+            m.update(async_m)
+            m["async/dropped_stale_total"] = self.state.dropped_stale_total
+            m.update(logprob_gap_by_staleness(staleness, *rows))
         ema, is_best = self.ema.update(step, float(rewards.mean()), drop=c.trainer.collapse.drop)
         m["reward/ema"] = ema
         if self.is_main and self.prompts.harbor is not None:
             m.update(harbor_run.outcome_metrics(trajs))
         self.timings["step"] = time.perf_counter() - t_step
-        trials = trial_rows(trajs, advantages, lambda ids: decode_for_log(self.chat.tokenizer, ids))
+        trials = trial_rows(trajs, advantages, lambda ids: decode_for_log(self.chat.tokenizer, ids), extra)
         if self.prompts.harbor is not None:  # the trial's outcome, durations, limits and its episode
             for row, t in zip(trials, trajs or []):
                 row.update(harbor_run.trial_fields(t.info))

@@ -168,8 +168,13 @@ def test_learner_update_with_critic_kl_in_reward_and_a_covariance_loss():
     batch = trainer.pack_trajectories(trajs, None, (16,))
     embed0 = np.asarray(params["embed_tokens"]).copy()
     head0 = np.asarray(learner.critic.params[critic_model.VALUE_HEAD]["kernel"]).copy()
-    params, opt, step_metrics, diffs, timings, stage, _ = learner.update(params, opt, batch, ref, step=1, kl_coef=0.1)
+    params, opt, step_metrics, diffs, timings, stage, rows = learner.update(params, opt, batch, ref, row_diffs=True,
+                                                                             step=1, kl_coef=0.1)
     m = stage["metrics"]
+    # the async modes' per-row trainer-vs-engine gap, next to the critic and the advantage stage:
+    # one entry per packed row, its loss tokens counted by hand, its gaps summing to the mini-batch totals
+    np.testing.assert_array_equal(rows[1], batch["loss_mask"].sum(1))
+    np.testing.assert_allclose(rows[0].sum(), sum(float(d[0]) for d in diffs), rtol=1e-5)
     assert len(step_metrics) == 2 and {"fwd_values", "critic_train", "advantages"} <= set(timings)
     # π_old = π_ref at the start: the KL penalty is 0 (k3 of equal logprobs), so the rewards are the outcomes
     assert m["loss/avg_kl"] < 1e-6 and m["loss/kl_loss_coef"] == 0.1

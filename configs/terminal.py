@@ -55,7 +55,10 @@ def get_config(scale: str = ""):
     c.trainer.mini_batch_size = 16
     c.trainer.micro_batch_size = 32
     c.generator.n_samples_per_prompt = 8
-    c.trainer.optimizer.lr = 5e-4
+    c.trainer.optimizer.lr = 2e-4
+    # Warm-up: Adam's first steps move every weight by about lr (a sign step); at full rate they
+    # tipped this tiny policy into one degenerate answer within a step.
+    c.trainer.optimizer.num_warmup_steps = 10
     c.trainer.eval_interval = 10
     c.trainer.ckpt_interval = 5
     return c

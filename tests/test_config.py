@@ -279,3 +279,26 @@ def test_sidecar_errors_shown_to_cli_users_name_no_python_api():
     assert "SidecarProcess" not in text and "()" not in text
     assert text == ("sidecar http://127.0.0.1:9: POST /v1/load_weights failed after 3 attempts: "
                     "http://127.0.0.1:9: ConnectError: refused")
+
+
+@pytest.mark.parametrize("content,match", [
+    (b"\x89PNG\r\n\x1a\n\x00\xff\xfe binary", "the run summary is not text"),
+    (b'{"best_step": 3, ', "the run summary is not valid JSON"),
+    (b'"done"', "the run summary must be a JSON object, found a JSON str"),
+])
+def test_garbage_summary_json_is_one_warning_line_naming_the_file(tmp_path, capsys, content, match):
+    """Issue 9 §8: summary.json is read by the same reader as rl_config.json; garbage in it gives
+    one warning line naming the file (the finished run is then finished again, rewriting it)."""
+    from jaxrl.train.rundir import read_finished_summary
+
+    path = tmp_path / "summary.json"
+    path.write_bytes(content)
+    assert read_finished_summary(str(path)) is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"jaxrl: warning: {path}: {match}")
+    assert err.endswith("; finishing the run again to rewrite it\n")
+    assert path.read_bytes() == content  # left as it was
+    path.write_text('{"best_step": 3, "last_step": 10}')
+    assert read_finished_summary(str(path)) == {"best_step": 3, "last_step": 10}
+    assert capsys.readouterr().err == ""

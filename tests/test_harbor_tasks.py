@@ -316,6 +316,42 @@ def test_dcagent_parquet_round_trip(tmp_path):
     assert t.name == "mytask" and t.instruction == "Do it.\n" and t.environment.profile == "python"
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_parquet_extraction_follows_the_umask(tmp_path, umask):
+    """Issue 9 §7: unpacked task directories get the umask's mode like every other file jaxrl
+    writes. Each task directory is renamed into place from a `tempfile.mkdtemp` directory, which
+    kept its 0700 whatever the umask; a hard-link copy got 0644 whatever the umask."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for name, mode, data in [("instruction.md", 0o644, b"Do it.\n"), ("tests/test.sh", 0o755, b"#!/bin/sh\n"),
+                                 ("environment/Dockerfile", 0o600, PY_DOCKERFILE.encode())]:
+            ti = tarfile.TarInfo(name)
+            ti.size, ti.mode = len(data), mode
+            tf.addfile(ti, io.BytesIO(data))
+        ti = tarfile.TarInfo("copy.md")
+        ti.type, ti.linkname, ti.mode = tarfile.LNKTYPE, "instruction.md", 0o644
+        tf.addfile(ti)
+    pq_path = tmp_path / "set.parquet"
+    pq.write_table(pa.table({"path": ["tasks/one"], "task_binary": [buf.getvalue()]}), pq_path)
+    old = os.umask(umask)
+    try:
+        extract_parquet(pq_path, extract_dir=tmp_path / "x" / "y")
+    finally:
+        os.umask(old)
+    # Expected by hand: directories and executables 0755, other files 0644, minus the umask.
+    want_dir, want_exe, want_file = 0o755 & ~umask, 0o755 & ~umask, 0o644 & ~umask
+    task = tmp_path / "x" / "y" / "one"
+    modes = {str(p.relative_to(tmp_path / "x")): oct(os.stat(p).st_mode & 0o777)
+             for p in [tmp_path / "x" / "y", *sorted(task.parent.rglob("*"))]}
+    assert modes == {"y": oct(want_dir), "y/one": oct(want_dir), "y/one/.jaxrl-extracted": oct(want_file),
+                     "y/one/instruction.md": oct(want_file), "y/one/copy.md": oct(want_file),
+                     "y/one/tests": oct(want_dir), "y/one/tests/test.sh": oct(want_exe),
+                     "y/one/environment": oct(want_dir), "y/one/environment/Dockerfile": oct(want_file)}
+
+
 def test_parquet_errors(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

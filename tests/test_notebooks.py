@@ -63,6 +63,36 @@ def test_advantage_estimators_notebook(headless_env):
     assert "grpo, no std: gain = 0.875 within" in text
 
 
+def _recipe_ablation(monkeypatch, mode, timeout):
+    monkeypatch.setenv("JAXRL_NOTEBOOK_MODE", mode)
+    monkeypatch.delenv("JAXRL_NOTEBOOK_RUNS", raising=False)  # fresh runs in a temporary directory
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    pngs, text = _outputs(run_notebook(ROOT / "notebooks" / "recipe_ablation.ipynb", timeout=timeout))
+    assert len(pngs) >= 1
+    assert f"mode {mode}" in text
+    for recipe in ("rloo", "seqmean", "symclip", "grpo"):  # each ran, and its EMA matched the log
+        assert f"{recipe:>8}: EMA matches the log" in text, recipe
+        # The run's console held its progress bar and end-of-run summary only: no library noise
+        # (transformers' "PyTorch was not found"), no warning (the notebook lists any other line).
+        assert f"{recipe:>8}: console clean" in text, text[text.find(f"{recipe:>8}: "):][:2000]
+    return text
+
+
+def test_recipe_ablation_notebook_small_budget(headless_env, monkeypatch):
+    """The CI mode: 2 RL steps of 4 prompts x 4 samples per recipe through `python -m jaxrl.main`,
+    then every plot and table; the numbers are regenerated, not compared."""
+    text = _recipe_ablation(monkeypatch, "ci", timeout=900)
+    assert "2 steps, trainer wall time" in text
+
+
+@pytest.mark.slow
+def test_recipe_ablation_notebook_full_budget(headless_env, monkeypatch):
+    """The committed budget (20 steps of 32 prompts x 8 samples per recipe): the same code path as
+    the small budget above, about 8 minutes on 2 cores."""
+    text = _recipe_ablation(monkeypatch, "full", timeout=3600)
+    assert "20 steps, trainer wall time" in text
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
 def test_committed_notebook_carries_its_figures(path):
     """What a plain viewer (GitHub's renderer) shows: the committed file holds the outputs of a

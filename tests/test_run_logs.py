@@ -93,3 +93,83 @@ def test_checkpoint_retention_follows_the_trainer_after_ties_and_restarts(tmp_pa
         store.prune(protect=[1])
     assert store.all_steps() == [1, 10, 15]
     store.close()
+
+
+def _checkpoints(workdir, max_to_keep, params, opt):
+    """The trainer's `Checkpoints` over tiny arrays (no model, learner or mesh is needed to save,
+    resume and re-choose the best)."""
+    import types
+
+    from jaxrl.train.persistence import Checkpoints
+
+    c = types.SimpleNamespace(trainer=types.SimpleNamespace(max_ckpts_to_keep=max_to_keep))
+    learner = types.SimpleNamespace(abstract_state=lambda: (params, opt))
+    return Checkpoints(c, str(workdir), learner, mesh=None, model_dir="", model_cfg=None, state_param_sharding=None)
+
+
+def _save_steps(ck, emas: dict):
+    """Saves step s with params w = s and reward EMA emas[s] (the trainer's `save`: best = highest EMA)."""
+    from jaxrl.train.rundir import TrainerState
+
+    state = TrainerState()
+    for step, ema in emas.items():
+        ck.save(step, {"w": jnp.full(3, float(step))}, {"m": jnp.zeros(3)}, state, RewardEMA(value=ema))
+    return state
+
+
+def _damage(workdir, step):
+    """Truncates the array data files of checkpoint `step`'s params (the `d/` chunks) to half."""
+    d = os.path.join(workdir, "checkpoints", str(step), "params")
+    files = [os.path.join(r, n) for r, _, ns in os.walk(d) for n in ns if os.path.basename(r) == "d"]
+    assert files
+    for f in files:
+        os.truncate(f, os.path.getsize(f) // 2)
+
+
+def test_a_damaged_best_checkpoint_is_re_chosen_among_the_intact_ones_by_ema(tmp_path, capsys):
+    """Issue 9 §2: the best checkpoint itself (here the latest, step 4, EMA 0.9) is damaged. The
+    resume falls back to step 3, whose state names best = step 1, pruned since; the best is then
+    re-chosen among the steps on disk by the EMA each recorded: step 2 (0.45) over step 3 (0.4)."""
+    params, opt = {"w": jnp.zeros(3)}, {"m": jnp.zeros(3)}
+    ck = _checkpoints(tmp_path, 3, params, opt)
+    state = _save_steps(ck, {1: 0.5, 2: 0.45, 3: 0.4, 4: 0.9})
+    assert (state.best_ckpt_step, ck.store.all_steps()) == (4, [2, 3, 4])  # 1 pruned once 4 became best
+    ck.close()
+    _damage(tmp_path, 4)
+    capsys.readouterr()
+    ck = _checkpoints(tmp_path, 3, params, opt)
+    step, p, _, state = ck.resume()
+    assert step == 3
+    np.testing.assert_array_equal(np.asarray(p["w"]), np.full(3, 3.0))
+    assert (state.best_ckpt_step, state.best_ckpt_ema) == (2, 0.45)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Exception ignored" not in err, err[-2000:]
+    lines = [line for line in err.splitlines() if line.startswith("jaxrl: warning:")]
+    assert len(lines) == 2, err[-2000:]
+    assert "checkpoint 4 " in lines[0] and "damaged" in lines[0] and "resumed from step 3" in lines[0]
+    assert "the best checkpoint 1 is gone; the best is now step 2 (EMA 0.4500)" in lines[1]
+    assert os.path.isdir(tmp_path / "checkpoints_damaged" / "4")
+    assert ck.store.all_steps() == [2, 3]
+    ck.close()
+
+
+def test_every_checkpoint_damaged_is_one_clear_error(tmp_path):
+    """Issue 9 §2: when no committed checkpoint is readable, the resume stops with a
+    CheckpointError naming the directory, each step and the fix; nothing is moved."""
+    from jaxrl.train.rundir import CheckpointError
+
+    params, opt = {"w": jnp.zeros(3)}, {"m": jnp.zeros(3)}
+    ck = _checkpoints(tmp_path, 2, params, opt)
+    _save_steps(ck, {1: 0.1, 2: 0.2})
+    ck.close()
+    for s in (1, 2):
+        _damage(tmp_path, s)
+    ck = _checkpoints(tmp_path, 2, params, opt)
+    with pytest.raises(CheckpointError) as e:
+        ck.resume()
+    msg = str(e.value)
+    assert msg.startswith(f"every checkpoint in {tmp_path / 'checkpoints'} is damaged (step 2: "), msg
+    assert "; step 1: " in msg and msg.endswith(". Fix: restore the files, or start over with a new --workdir")
+    assert "\n" not in msg
+    assert ck.store.all_steps() == [1, 2] and not os.path.exists(tmp_path / "checkpoints_damaged")
+    ck.close()

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import os
+import sys
 from typing import Optional
 
 from jaxrl import config as config_lib
@@ -62,6 +63,18 @@ def read_json_object(path: str, what: str, fix: str) -> dict:
         raise RunDirError(f"{path}: the {what} must be a JSON object, found a JSON {type(obj).__name__}. Fix: {fix}")
     return obj
 
+
+
+def read_finished_summary(path: str) -> Optional[dict]:
+    """The summary.json of a finished run (read by `read_json_object`, like rl_config.json), or
+    None after one stderr warning line naming `path` and what is wrong with it when it is
+    unreadable, not UTF-8, not JSON or not an object (the trainer then finishes the run again,
+    which rewrites it)."""
+    try:
+        return read_json_object(path, "run summary", "")
+    except RunDirError as e:
+        print(f"jaxrl: warning: {str(e).split('. Fix:')[0]}; finishing the run again to rewrite it", file=sys.stderr)
+        return None
 
 def one_line(e: BaseException, limit: int = 160) -> str:
     """`Type: message` of an exception on one line (long library messages cut at `limit`)."""

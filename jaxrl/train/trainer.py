@@ -55,7 +55,7 @@ from jaxrl.train.persistence import Checkpoints
 from jaxrl.train.prompts import PromptSource, derive_seed
 from jaxrl.train.report import NoLogger, Progress, report_text
 from jaxrl.train.rundir import (RESUMABLE_CHANGES, CheckpointError, RunDirError, TrainerState,  # noqa: F401
-                                check_resume_config, maybe_kill, read_json_object)
+                                check_resume_config, maybe_kill, read_finished_summary, read_json_object)
 from jaxrl.train.step_stats import batch_metrics, decode_for_log, trial_rows
 
 
@@ -201,12 +201,8 @@ class Trainer:
         latest = self.ckpt.store.latest_step()
         summary_path = os.path.join(self.workdir, "summary.json")
         if latest is not None and latest >= c.trainer.num_steps and os.path.exists(summary_path):
-            try:
-                done = read_json_object(summary_path, "run summary", "")
-            except RunDirError as e:  # written again below: the run resumes at its last step and finishes
-                print(f"jaxrl: warning: {str(e).split('. Fix:')[0]}; finishing the run again to rewrite it",
-                      file=sys.stderr)
-            else:
+            done = read_finished_summary(summary_path)  # None: damaged, written again by the finish below
+            if done is not None:
                 print(f"jaxrl: {self.workdir} is complete (step {latest} of {c.trainer.num_steps}); see report.md. "
                       "Raise --config.trainer.num_steps to continue training.", file=sys.stderr)
                 self.ckpt.close()

@@ -4,7 +4,8 @@
 components, members whose parent directory is a symlink, symlinks that point outside the task,
 hard links to anything but an already-unpacked regular file inside the task (they are copied),
 device / FIFO members, and it caps the number of members and the unpacked bytes (counted while
-decompressing, so a compression bomb stops at the cap). File modes are reduced to 0644 / 0755.
+decompressing, so a compression bomb stops at the cap). File modes are reduced to 0644 / 0755
+(directories 0755), minus the process umask, like every file jaxrl writes (`jaxrl.fileio`).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from jaxrl.envs.harbor.errors import HarborTaskError
+from jaxrl.fileio import umask_mode
 
 MAX_ARCHIVE_BYTES = 256 << 20  # unpacked bytes per task
 MAX_ARCHIVE_MEMBERS = 20000
@@ -116,7 +118,7 @@ def safe_extract_tar(data: bytes, dest: str | os.PathLike, *, where: str = "arch
                     if total > max_bytes:
                         raise HarborTaskError(f"{where}: unpacked size exceeds the cap of {max_bytes} bytes")
                     shutil.copyfile(os.path.join(root, src_name), target, follow_symlinks=False)
-                    os.chmod(target, 0o755 if m.mode & 0o111 else 0o644)
+                    os.chmod(target, umask_mode(0o755 if m.mode & 0o111 else 0o644))
                     regular.add(name)
                 else:
                     raise HarborTaskError(f"{where}: member {m.name!r} is a device, FIFO or other special file")
@@ -234,6 +236,7 @@ def extract_parquet(path: str | os.PathLike, extract_dir: str | os.PathLike | No
         if not (mark.is_file() and mark.read_text().strip() == digest):
             tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_root))
             try:
+                os.chmod(tmp, umask_mode(0o755))  # mkdtemp makes it 0700; the rename would keep that
                 safe_extract_tar(bytes(blob), tmp, where=f"{where} ({p})")
                 (tmp / _MARK).write_text(digest)
                 if dest.exists():

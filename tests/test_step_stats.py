@@ -1,0 +1,94 @@
+"""Unit tests of a step's run-log metrics (jaxrl/train/step_stats.py) and the held-out score
+(jaxrl/train/evaluation.py): success thresholds and the excluded-trajectory accounting (issue 9
+§3, §7). Expected values are worked out by hand in each test."""
+import types
+
+import numpy as np
+import pytest
+
+from jaxrl.envs import Trajectory
+from jaxrl.train import evaluation
+from jaxrl.train.step_stats import batch_metrics
+
+
+def _cfg(n: int, success_threshold: float = 1.0):
+    return types.SimpleNamespace(
+        generator=types.SimpleNamespace(n_samples_per_prompt=n),
+        trainer=types.SimpleNamespace(success_threshold=success_threshold, logprob_diff_warn_threshold=0.0),
+        model=types.SimpleNamespace(compute_dtype="float32"))
+
+
+def _traj(reward=0.0, stop_reason="stop", group_id=0, **info):
+    return Trajectory(prompt_ids=np.array([1, 2], np.int32), response_ids=np.array([3], np.int32),
+                      loss_mask=np.array([1], np.int32), rollout_logprobs=np.array([-0.5], np.float32),
+                      reward=float(reward), stop_reason=stop_reason, group_id=group_id, policy_version=0,
+                      num_turns=1, info=dict(info))
+
+
+def _metrics(c, rewards, trajs=None, step=7, is_main=True):
+    rewards = np.asarray(rewards, np.float32)
+    n = len(rewards)
+    batch = {"loss_mask": np.ones((n, 3), np.int32), "is_truncated": np.zeros(n, bool),
+             "tokens": np.zeros((n, 4), np.int32)}
+    return batch_metrics(c, step, trajs, rewards, np.zeros(n, np.float32), batch, [(0.0, 1.0, 0.0)], is_main)
+
+
+def test_partial_credit_below_the_success_threshold_is_a_failure(capsys):
+    """Issue 9 §7: one `trainer.success_threshold` for pass@n, success_rate and eval; a partial
+    reward below it is a failure, not a success."""
+    rewards = [0.5, 0.9, 0.0, 0.2,     # group 0: partial credit only
+               1.0, 0.0, 0.0, 0.0,     # group 1: one full success
+               0.99, 0.999, 0.3, 0.0]  # group 2: close, still below 1
+    trajs = [_traj(r, group_id=i // 4) for i, r in enumerate(rewards)]
+    m = _metrics(_cfg(4), rewards, trajs)
+    assert m["reward/avg_pass_at_4"] == pytest.approx(1 / 3)  # only group 1 passes
+    assert m["reward/success_rate"] == pytest.approx(1 / 12)
+    assert m["reward/avg_raw_reward"] == pytest.approx(sum(rewards) / 12, rel=1e-6)
+    # At threshold 0.5, partial credit of 0.5 and above counts: groups 0, 1, 2 all pass; 5 rewards >= 0.5.
+    m = _metrics(_cfg(4, 0.5), rewards, trajs)
+    assert m["reward/avg_pass_at_4"] == pytest.approx(1.0)
+    assert m["reward/success_rate"] == pytest.approx(5 / 12)
+    assert capsys.readouterr().err == ""  # nothing excluded, no warning
+
+    # The held-out score: one trajectory per prompt.
+    held = [_traj(r) for r in (0.5, 1.0, 0.999, 0.0, 1.0)]
+    s = evaluation.score(held, 1.0)
+    assert s["eval/success_rate"] == pytest.approx(2 / 5)
+    assert s["eval/avg_reward"] == pytest.approx(3.499 / 5)
+    assert evaluation.score(held, 0.5)["eval/success_rate"] == pytest.approx(4 / 5)
+
+
+def test_excluded_trajectories_are_counted_and_named_in_one_line(capsys):
+    """Issue 9 §3: `env_error` / `invalid_output` trajectories are counted per reason and the step
+    prints one stderr line naming their task ids, groups, samples and what went wrong."""
+    trajs = [_traj(1.0, "stop", 0, task_id="t0", sample_index=0),
+             _traj(0.0, "env_error", 0, task_id="t0", sample_index=1, error="sandbox  died\n  badly"),
+             _traj(0.0, "invalid_output", 1, task_id="t1", sample_index=0, invalid_output="NaN logprob at token 3"),
+             _traj(0.0, "length", 1, task_id="t1", sample_index=1, truncated_by="max_seq_len"),
+             _traj(0.0, "env_error", 2, sample_index=0),  # no task id, no detail
+             _traj(0.5, "max_turns", 2, task_id="t2", sample_index=1)]
+    m = _metrics(_cfg(2), [t.reward for t in trajs], trajs, step=7)
+    assert m["generate/num_excluded_env_error"] == 2
+    assert m["generate/num_excluded_invalid_output"] == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["jaxrl: step 7: 3 of 6 trajectories excluded from the loss ("
+                   "env_error task t0 group 0 sample 1: sandbox died badly; "
+                   "invalid_output task t1 group 1 sample 0: NaN logprob at token 3; "
+                   "env_error task ? group 2 sample 0: no detail recorded)"]
+
+    # More than 4: the first 4 are named, the rest counted.
+    many = [_traj(0.0, "invalid_output", i // 2, task_id=f"t{i}", sample_index=i % 2, invalid_output="oov id")
+            for i in range(6)]
+    m = _metrics(_cfg(2), [0.0] * 6, many, step=3)
+    assert (m["generate/num_excluded_env_error"], m["generate/num_excluded_invalid_output"]) == (0, 6)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("jaxrl: step 3: 6 of 6 trajectories excluded from the loss (invalid_output task t0 ")
+    assert line.count("invalid_output task") == 4 and "task t4" not in line
+    assert line.endswith("; ... 2 more in trial_stats.csv)")
+
+    # Nothing excluded: zero counts, no line; other processes (trajs None) neither count nor print.
+    m = _metrics(_cfg(2), [1.0, 0.0], [_traj(1.0), _traj(0.0, "length")])
+    assert (m["generate/num_excluded_env_error"], m["generate/num_excluded_invalid_output"]) == (0, 0)
+    m = _metrics(_cfg(2), [1.0, 0.0], None, is_main=False)
+    assert not any(k.startswith("generate/num_excluded") for k in m)
+    assert capsys.readouterr().err == ""

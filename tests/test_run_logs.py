@@ -173,3 +173,39 @@ def test_every_checkpoint_damaged_is_one_clear_error(tmp_path):
     assert "\n" not in msg
     assert ck.store.all_steps() == [1, 2] and not os.path.exists(tmp_path / "checkpoints_damaged")
     ck.close()
+
+
+def test_a_damaged_older_best_checkpoint_is_re_chosen_when_it_is_restored(tmp_path, capsys):
+    """Regression (issue 9 §2): the best checkpoint (step 1, EMA 0.8) kept by retention beside the
+    latest was damaged; the resume reads only the latest, so the trainer's final export (and a
+    rollback) then failed in Orbax. `restore_best` moves it aside and re-chooses by EMA: step 3
+    (0.6) over step 4 (0.5); when nothing else is readable, one CheckpointError."""
+    from jaxrl.train.rundir import CheckpointError
+
+    params, opt = {"w": jnp.zeros(3)}, {"m": jnp.zeros(3)}
+    ck = _checkpoints(tmp_path, 2, params, opt)
+    state = _save_steps(ck, {1: 0.8, 2: 0.1, 3: 0.6, 4: 0.5})
+    assert (state.best_ckpt_step, ck.store.all_steps()) == (1, [1, 3, 4])
+    ck.close()
+    _damage(tmp_path, 1)
+    capsys.readouterr()
+    ck = _checkpoints(tmp_path, 2, params, opt)
+    step, _, _, state = ck.resume()
+    assert (step, state.best_ckpt_step) == (4, 1)  # the latest is intact: the resume does not read step 1
+    p, _ = ck.restore_best(state)
+    np.testing.assert_array_equal(np.asarray(p["w"]), np.full(3, 3.0))
+    assert (state.best_ckpt_step, state.best_ckpt_ema) == (3, 0.6)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Exception ignored" not in err, err[-2000:]
+    (line,) = [line for line in err.splitlines() if line.startswith("jaxrl: warning:")]
+    assert "the best checkpoint 1 " in line and "is damaged" in line and line.endswith("the best is now step 3 (EMA 0.6000)")
+    assert state.events[-1] in line
+    assert ck.store.all_steps() == [3, 4] and os.path.isdir(tmp_path / "checkpoints_damaged" / "1")
+    # Every remaining checkpoint damaged: one clear error.
+    for s in (3, 4):
+        _damage(tmp_path, s)
+    with pytest.raises(CheckpointError, match=r"no other checkpoint is readable\. Fix: restore the files, or start "
+                                              r"over with a new --workdir$") as e:
+        ck.restore_best(state)
+    assert str(tmp_path / "checkpoints") in str(e.value) and "\n" not in str(e.value)
+    ck.close()

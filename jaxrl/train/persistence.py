@@ -118,19 +118,66 @@ class Checkpoints:
         state.events.extend(f"checkpoint {bad} was damaged ({error}); resumed from step {step}" for bad, error in damaged)
         on_disk = self.store.all_steps()
         if state.best_ckpt_step not in on_disk:
-            emas = {}  # the step just restored is always a candidate
-            for s in (s for s in on_disk if s <= step):
-                try:
-                    emas[s] = float(self.store.restore_trainer_state(s)["ema"]["value"])
-                except Exception as e:  # noqa: BLE001 - a damaged older checkpoint is just not a candidate
-                    if not is_damage_error(e):
-                        raise
-            best = max(emas, key=lambda s: (emas[s], -s))  # highest EMA; the earlier step on a tie
+            best, ema = self._choose_best([s for s in on_disk if s <= step])  # includes the step just restored
             print(f"jaxrl: warning: the best checkpoint {state.best_ckpt_step} is gone; the best is now step {best} "
-                  f"(EMA {emas[best]:.4f}) among the steps on disk {on_disk}", file=sys.stderr)
-            state.best_ckpt_step, state.best_ckpt_ema = best, float(emas[best])
+                  f"(EMA {ema:.4f}) among the steps on disk {on_disk}", file=sys.stderr)
+            state.best_ckpt_step, state.best_ckpt_ema = best, ema
         self.store.prune(protect=[state.best_ckpt_step])  # leftovers of a run killed before its prune
         return step, params, opt_state, state
+
+    def _choose_best(self, candidates) -> tuple[int, float]:
+        """(step, EMA) of the highest reward EMA recorded among the checkpoints `candidates` (the
+        earlier step on a tie); a checkpoint whose trainer state cannot be read is no candidate.
+        (-1, -inf) when none is readable."""
+        emas = {}
+        for s in candidates:
+            try:
+                emas[s] = float(self.store.restore_trainer_state(s)["ema"]["value"])
+            except Exception as e:  # noqa: BLE001 - a damaged checkpoint is just not a candidate
+                if not is_damage_error(e):
+                    raise
+        if not emas:
+            return -1, float("-inf")
+        best = max(emas, key=lambda s: (emas[s], -s))
+        return best, emas[best]
+
+    def restore_best(self, state: TrainerState, with_critic: bool = True):
+        """(params, opt_state) of the best checkpoint `state` names (`state.best_ckpt_step`); with a
+        critic (and `with_critic`), its state of that step goes into `learner.critic` (`restore`).
+
+        A damaged best checkpoint (one the resume did not read: an older step kept by retention)
+        is reported in one warning line, moved to `checkpoints_damaged/`, and the best is
+        re-chosen among the steps on disk by the reward EMA each recorded (`state` updated, the
+        event recorded in `state.events`), until a readable one is found.
+
+        Raises:
+          CheckpointError: no checkpoint on disk is readable (names the directory and the fix).
+        """
+        while True:
+            best = state.best_ckpt_step
+            with collect_unraisable() as library_noise:
+                try:
+                    params, opt_state, _ = self.restore(best, with_critic=with_critic)
+                    error = ""
+                except Exception as e:  # noqa: BLE001 - classified by is_damage_error
+                    if not is_damage_error(e):
+                        raise
+                    error = one_line(e)
+            if all_processes_ok(not error, f"restore_best_{best}"):
+                replay_unraisable(library_noise)
+                return params, opt_state
+            silence_unraisable_about([os.path.join(self.store.directory, str(best)) + os.sep])
+            moved = self.store.set_aside(best) if best in self.store.all_steps() else "(not on disk)"
+            chosen, ema = self._choose_best(self.store.all_steps())
+            if chosen < 0:
+                raise CheckpointError(
+                    f"the best checkpoint {best} in {self.store.directory} is damaged ({error}) and no other "
+                    "checkpoint is readable. Fix: restore the files, or start over with a new --workdir")
+            msg = (f"the best checkpoint {best} in {self.store.directory} is damaged ({error}); moved it to {moved}; "
+                   f"the best is now step {chosen} (EMA {ema:.4f})")
+            print(f"jaxrl: warning: {msg}", file=sys.stderr)
+            state.events.append(msg)
+            state.best_ckpt_step, state.best_ckpt_ema = chosen, ema
 
     def export_hf(self, params, is_main: bool, prompt_format=None, generation=None) -> None:
         """Writes `params` as an HF checkpoint (float32, with the tokenizer and rl_config.json) to

@@ -365,7 +365,7 @@ class Trainer:
         self.state.events.append(f"{event}; rolled back to {target} with lr x{self.state.lr_scale:g}")
         self.learner.build(self.state.lr_scale)
         if best >= 1:
-            params, opt_state, _ = self.ckpt.restore(best)
+            params, opt_state = self.ckpt.restore_best(self.state)  # a damaged best: the next best by EMA
         else:
             params = self.ckpt.initial_params()
             with jax.set_mesh(self.mesh):
@@ -391,7 +391,9 @@ class Trainer:
         elif self.prompts.eval_batch():
             summary["final_eval"] = self.evaluate().get("eval/success_rate")
         if best >= 1:
-            params, _, _ = self.ckpt.restore(best, with_critic=False)
+            params, _ = self.ckpt.restore_best(self.state, with_critic=False)  # damaged best: the next best by EMA
+            best = summary["best_step"] = self.state.best_ckpt_step
+            summary["best_ema"] = self.state.best_ckpt_ema
             if best == last_step and getattr(self, "_eval_version", None) == self.state.policy_version:
                 ev = self._eval_result  # the served weights are the best step's and were just evaluated
             else:

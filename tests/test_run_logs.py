@@ -103,7 +103,7 @@ def _checkpoints(workdir, max_to_keep, params, opt):
     from jaxrl.train.persistence import Checkpoints
 
     c = types.SimpleNamespace(trainer=types.SimpleNamespace(max_ckpts_to_keep=max_to_keep))
-    learner = types.SimpleNamespace(abstract_state=lambda: (params, opt))
+    learner = types.SimpleNamespace(abstract_state=lambda: (params, opt), critic=None)  # no value model
     return Checkpoints(c, str(workdir), learner, mesh=None, model_dir="", model_cfg=None, state_param_sharding=None)
 
 

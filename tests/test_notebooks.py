@@ -95,6 +95,9 @@ def _recipe_ablation(monkeypatch, mode, timeout):
     return text
 
 
+# Slow: four process start-ups and compilations (~160 s on 2 cores). The default suite covers the same
+# runs faster (tests/test_trainer.py: each recipe's end-to-end test) and checks the committed figures.
+@pytest.mark.slow
 def test_recipe_ablation_notebook_small_budget(headless_env, monkeypatch):
     """The CI mode: 2 RL steps of 4 prompts x 4 samples per recipe through `python -m jaxrl.main`,
     then every plot and table; the numbers are regenerated, not compared."""

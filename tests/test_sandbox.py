@@ -443,3 +443,31 @@ def test_remove_tree_unlocks_directories_the_agent_locked():
     finally:
         subprocess.run(["chmod", "-R", "u+rwx", str(root)], capture_output=True)
         remove_tree(root)
+
+
+def test_a_sandbox_python_installed_under_tmp_stays_visible(tmp_path):
+    """Regression: the interpreter's directories were bound before the trial's private /tmp, which then
+    covered them, so with a venv under /tmp on the host (a clone in /tmp) every pytest verifier failed
+    with `exec: .../bin/python: not found` and reward 0 (found by a fresh-user review). A venv under
+    tmp_path (which is under /tmp) whose .pth file reaches this interpreter's pytest runs an oracle to 1."""
+    import json as _json
+    import subprocess
+    import sys as _sys
+
+    import pytest as _pytest
+
+    venv = tmp_path / "venv"
+    subprocess.run([_sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    assert str(venv).startswith("/tmp/")
+    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(site, "host_pytest.pth"), "w") as f:
+        f.write(os.path.dirname(os.path.dirname(os.path.realpath(_pytest.__file__))) + "\n")
+    env = {**os.environ, "JAXRL_SANDBOX_PYTHON": str(venv / "bin" / "python"), "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([_sys.executable, "-m", "jaxrl.tasks", "run-oracle", "--task", "jaxrl/py-kata-caesar"],
+                         capture_output=True, text=True, env=env, timeout=300,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    text = out.stdout + out.stderr
+    assert "not found" not in text, text[-2000:]
+    body = text[text.index("{"):text.rindex("}") + 1]
+    assert _json.loads(body)["reward"] == 1.0, text[-2000:]

@@ -38,6 +38,10 @@ def _metrics(workdir):
     return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in rows]
 
 
+# Slow: 20 full-size steps (the longest test of the suite on 2 cores). The default suite covers learning
+# (test_default_policy: the loss falls, deterministically) and the run's outputs (the best-checkpoint,
+# evaluate and recipe tests below and in test_evaluate.py).
+@pytest.mark.slow
 def test_short_recipe_improves_reward(tmp_path):
     """The default recipe (64 prompts x 8 samples, lr 1e-4, seed 0) cut to 20 steps: the mean
     training reward of steps 16-20 exceeds that of steps 1-5 by at least 0.04 (measured with the

@@ -12,7 +12,7 @@ import hashlib
 
 import numpy as np
 
-from jaxrl.envs import get_task_suite, load_tasks
+from jaxrl.envs import DatasetError, get_task_suite, load_tasks
 from jaxrl.envs.splits import heldout_split, overlap
 
 
@@ -75,7 +75,13 @@ class PromptSource:
             self.eval_suite = get_task_suite(name)
             self.heldout_kind = f"the eval split of the {name} task"
         elif d.eval_fraction > 0:
-            self.train_tasks, self.heldout_tasks = heldout_split(self.train_tasks, d.eval_fraction, d.eval_split_seed)
+            try:
+                self.train_tasks, self.heldout_tasks = heldout_split(self.train_tasks, d.eval_fraction,
+                                                                     d.eval_split_seed)
+            except ValueError as e:  # e.g. a one-prompt file: one line naming the keys, not a traceback
+                raise DatasetError(f"data.dataset_path ({d.dataset_path}): {e}; give a held-out file with "
+                                   "data.eval_dataset_path, or turn held-out evaluation off with "
+                                   "data.eval_fraction=0 (or data.num_eval_prompts=0)") from None
             self.heldout_kind = (f"{100 * d.eval_fraction:g}% of data.dataset_path held out (split seed "
                                  f"{d.eval_split_seed})")
         else:

@@ -968,9 +968,6 @@ class Sandbox:
         argv += ["--ro-bind", "/usr", "/usr", *_root_links()]
         prof = _profile_dir(self.python, c.sandbox_uid)
         argv += ["--ro-bind", os.path.join(prof, "etc"), "/etc", "--ro-bind", prof, "/opt/jaxrl"]
-        if self.python:
-            for b in self.python.bind_paths:
-                argv += ["--ro-bind", b, b]
         argv += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--size", str(c.shm_mb << 20), "--perms", "1777",
                  "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
         argv += ["--bind", str(self.dirs["app"]), "/app", "--bind", str(self.dirs["tmp"]), "/tmp",
@@ -978,6 +975,17 @@ class Sandbox:
                  "--bind", str(self.dirs["logs/agent"]), "/logs/agent",
                  "--bind", str(self.dirs["logs/artifacts"]), "/logs/artifacts",
                  "--dir", "/var", "--symlink", "../tmp", "/var/tmp"]
+        # The interpreter's paths go after the trial's own /tmp, /app, home and /logs: a Python installed
+        # under /tmp on the host (a venv in a clone under /tmp) stays visible, read-only, instead of being
+        # hidden by the private /tmp mounted over it (every pytest verifier then failed with reward 0).
+        if self.python:
+            for b in self.python.bind_paths:
+                for mount in ("/tmp", "/app", "/logs", SANDBOX_HOME, "/var"):
+                    if mount == b or mount.startswith(b.rstrip("/") + "/"):
+                        raise SandboxError(
+                            f"the sandbox's Python needs {b} bound read-only, which would cover the trial's {mount}; "
+                            "install it elsewhere or point JAXRL_SANDBOX_PYTHON (or sandbox.python) at another Python")
+                argv += ["--ro-bind", b, b]
         for src, dest, writable in phase_binds:
             argv += ["--bind" if writable else "--ro-bind", str(src), dest]
         argv += ["--remount-ro", "/", "--chdir", cwd or self.environment.workdir, "--clearenv"]

@@ -326,12 +326,41 @@ def test_disk_filler_is_stopped(name, config, root):
         assert r.limit == "disk" and r.exit_code is None, r
         used, _ = trial.sandbox.disk_usage()
         trial.info["disk_mb_at_kill"] = used >> 20
+        # the files stay: the monitor sees the trial over its limit at every check from now on, and
+        # must still count one crossing (it counted one per check: 2 on a loaded CI host)
+        time.sleep(6 * config.disk_check_interval_sec)
 
     r = run_trial(task, agent, config=TrialConfig(sandbox=config), trial_dir=root / "trial")
     assert r.outcome == Outcome.OK and r.reward == 0.0, r
     assert r.limits_hit.get("disk") == 1
     # overshoot bounded by one check interval of writing (0.2 s); generous bound for a loaded CI host
     assert 64 <= r.info["disk_mb_at_kill"] < 64 + 400
+
+
+def test_verifier_runs_when_the_agent_left_the_trial_over_its_disk_limit(root):
+    """The agent's files (over storage_mb) stay; the verifier still scores the trial, with its own
+    storage_mb on top of them, and a verifier that writes past that allowance is stopped."""
+    config = limit_configs()[0][1]
+    fill = "for i in $(seq 500); do head -c 1048576 /dev/zero > /tmp/f$i || break; done"
+
+    def agent(trial):
+        r = trial.exec(fill, timeout=60)
+        assert r.limit == "disk", r
+
+    # slow enough for several disk checks, writes 8 MB (allowed), then scores 1
+    calm = ("#!/bin/bash\nsleep 1.5\nhead -c 8388608 /dev/zero > /tmp/verifier.bin\nsleep 0.5\n"
+            "echo 1 > /logs/verifier/reward.txt\n")
+    r = run_trial(make_task(root / "tasks", "calm", test_sh=calm), agent, config=TrialConfig(sandbox=config),
+                  trial_dir=root / "calm")
+    assert r.outcome == Outcome.OK and r.reward == 1.0, r
+    assert r.limits_hit.get("disk") == 1, r.limits_hit
+
+    greedy = ("#!/bin/bash\nfor i in $(seq 300); do head -c 1048576 /dev/zero > /tmp/v$i; done\nsleep 5\n"
+              "echo 1 > /logs/verifier/reward.txt\n")
+    r = run_trial(make_task(root / "tasks", "greedy", test_sh=greedy), agent, config=TrialConfig(sandbox=config),
+                  trial_dir=root / "greedy")
+    assert r.outcome == Outcome.REWARD_MISSING and r.reward == 0.0, r
+    assert r.limits_hit.get("disk") == 2, r.limits_hit  # the agent's crossing and the verifier's
 
 
 def test_never_ending_commands_and_agent_budget(tmp_path, monkeypatch):

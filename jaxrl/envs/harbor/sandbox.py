@@ -46,7 +46,9 @@ Limits (`Limits`, from task.toml clipped by `SandboxConfig` caps):
 * disk: RLIMIT_FSIZE per file, and the trial's monitor sums the blocks (and counts the files) under
   the trial's writable directories every `disk_check_interval_sec`, killing the trial's processes
   when `storage_mb` (or `max_files`) is exceeded. The overshoot is at most what can be written in
-  one interval.
+  one interval. One crossing of the limit counts as one `disk` event, however long the files stay.
+  The verifier runs even when the agent left the trial over the limit: it is stopped only when it
+  writes more than `storage_mb` (or `max_files`) on top of what was there at its start.
 * wall clock: every command has a timeout; the trial enforces agent and verifier budgets.
 
 Every process of a sandbox dies with its bwrap process (pid namespace); `Sandbox.kill_all` kills
@@ -1073,12 +1075,19 @@ class Sandbox:
         return disk_usage([self.dirs[k] for k in ("app", "tmp", "home", "logs/agent", "logs/artifacts",
                                                   "logs/verifier")], stop_at_files=self.limits.max_files + 1)
 
-    def over_disk(self) -> Optional[str]:
+    def over_disk(self, base: tuple[int, int] = (0, 0)) -> Optional[str]:
+        """Why the trial is over its disk limit (None when it is not).
+
+        Args:
+          base: (bytes, entries) already present that do not count against the limit (the
+            verifier's allowance is `storage_mb` / `max_files` on top of what the agent left).
+        """
         used, n = self.disk_usage()
-        if used > self.limits.storage_mb << 20:
-            return f"disk usage {used >> 20} MB exceeds storage_mb={self.limits.storage_mb}"
-        if n > self.limits.max_files:
-            return f"more than {self.limits.max_files} files"
+        if used - base[0] > self.limits.storage_mb << 20:
+            extra = f" on top of the {base[0] >> 20} MB at its start" if base[0] else ""
+            return f"disk usage {(used - base[0]) >> 20} MB{extra} exceeds storage_mb={self.limits.storage_mb}"
+        if n - base[1] > self.limits.max_files:
+            return f"more than {self.limits.max_files} files" + (f" on top of {base[1]}" if base[1] else "")
         return None
 
     def run(self, command: Sequence[str], timeout: Optional[float], *, phase_binds=(), env: Optional[dict] = None,

@@ -296,6 +296,8 @@ class Trial:
         self._stop_monitor = threading.Event()
         self._started_at = ""
         self._counters = {"memory": 0, "pids": 0}
+        self._over_disk = False  # the monitor's last check found the trial over its disk limit
+        self._disk_base = (0, 0)  # (bytes, entries) at the start of verification: the verifier's allowance is on top
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> "Trial":
@@ -357,13 +359,19 @@ class Trial:
             if phase == "agent" and time.monotonic() >= self._deadline:
                 self._end_agent_phase(timed_out=True)
                 continue
-            why = self.sandbox.over_disk()
-            if why:
+            why = self.sandbox.over_disk(self._disk_base if phase == "verifying" else (0, 0))
+            if not why:
+                self._over_disk = False
+                continue
+            # one `disk` event per crossing of the limit: the files stay until the agent removes
+            # them, so later checks still see the trial over it (they still kill what runs)
+            if not self._over_disk:
                 log.info("trial %s: %s; killing its processes", self.name, why)
                 self._hit("disk")
-                if self._terminal is not None:
-                    self._terminal.close()
-                self.sandbox.kill_all("disk")
+                self._over_disk = True
+            if self._terminal is not None:
+                self._terminal.close()
+            self.sandbox.kill_all("disk")
 
     def _require_agent_phase(self) -> None:
         with self._lock:
@@ -529,6 +537,8 @@ class Trial:
                 raise SandboxError(f"trial {self.name} is not started (call start())")
         self._end_agent_phase()
         with self._lock:
+            self._disk_base = self.sandbox.disk_usage()
+            self._over_disk = False
             self._phase = "verifying"
         t0 = time.monotonic()
         try:

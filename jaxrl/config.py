@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import ml_collections
 
-from jaxrl.fileio import atomic_write_json
+from jaxrl.fileio import HF_CHECKPOINT_HINT, atomic_write_json, hf_checkpoint_problem
 
 
 class ConfigError(ValueError):
@@ -618,9 +618,9 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
         _require(bool(c.model.path), "model.path", f"the {c.scale} scale needs an HF checkpoint",
                  "pass --config.model.path=/path/to/Qwen3-8B (a directory with config.json and *.safetensors)")
     if c.model.path and check_inputs:
-        _require(os.path.isfile(os.path.join(c.model.path, "config.json")), "model.path",
-                 f"{c.model.path!r} is not an HF checkpoint directory (no config.json)",
-                 "point it at a directory written by save_pretrained (config.json + *.safetensors)")
+        problem = hf_checkpoint_problem(c.model.path)
+        _require(problem is None, "model.path", problem, f"point it at {HF_CHECKPOINT_HINT}, or use '' for the "
+                 "embedded default policy")
     # Algorithm names.
     for key, value, kind in (
         ("trainer.algorithm.advantage_estimator", a.advantage_estimator, "advantage_estimator"),
@@ -656,9 +656,9 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
              "use e.g. 2.0 (token) and 5.0 (sequence)")
     _validate_algorithm(c)
     if c.trainer.critic.model.path and check_inputs and needs_critic(c):
-        _require(os.path.isfile(os.path.join(c.trainer.critic.model.path, "config.json")), "trainer.critic.model.path",
-                 f"{c.trainer.critic.model.path!r} is not an HF checkpoint directory (no config.json)",
-                 "point it at a Qwen3 checkpoint written by save_pretrained, or use '' for the policy's")
+        problem = hf_checkpoint_problem(c.trainer.critic.model.path)
+        _require(problem is None, "trainer.critic.model.path", problem,
+                 f"point it at a Qwen3 checkpoint, {HF_CHECKPOINT_HINT}, or use '' for the policy's")
     # Batch sizes (SkyRL semantics: train/mini in prompts, micro in sequences).
     for key in ("train_batch_size", "mini_batch_size", "micro_batch_size", "update_epochs_per_batch", "num_steps"):
         _require(int(t[key]) >= 1, f"trainer.{key}", f"{t[key]} must be >= 1", "use a positive integer")

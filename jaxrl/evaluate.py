@@ -115,8 +115,15 @@ def main(argv):
     from jaxrl.config import ConfigError, write_json_atomic
     from jaxrl.envs import DatasetError
 
+    from jaxrl.fileio import output_file_problem
+
     model = _MODEL.value
+    problem = _OUTPUT.value and output_file_problem(_OUTPUT.value)
+    if problem:  # before the evaluation, not after it
+        print(f"error: --output: {problem}. Fix: pass a JSON file path in a writable folder", file=sys.stderr)
+        sys.exit(2)
     try:
+        policy.check_model_path(model)
         if _CONFIG.value is not None:
             c, source = _CONFIG.value, next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")),
                                             "--config")

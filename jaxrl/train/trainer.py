@@ -37,6 +37,7 @@ from jaxrl import parallel
 from jaxrl.config import write_json_atomic
 from jaxrl.envs import DEFAULT_POLICY_DIR, ChatTemplate
 from jaxrl.envs.chat import PromptFormat
+from jaxrl.fileio import output_dir_problem
 from jaxrl.models import hf_io, qwen3
 from jaxrl.rollout.types import SamplingParams
 from jaxrl.train import advantage_stage
@@ -72,9 +73,7 @@ class Trainer:
         # publication and the checkpoints. The run directory must be on a shared filesystem.
         self.is_main = jax.process_index() == 0
         config_lib.validate(c, num_devices=jax.device_count(), platform=jax.default_backend())
-        if os.path.exists(self.workdir) and not os.path.isdir(self.workdir):
-            raise config_lib.ConfigError("--workdir", f"{self.workdir} exists and is not a directory",
-                                         "pass a directory (it is created if missing)")
+        self._check_workdir(output_dir_problem(self.workdir))
 
         # Model and tokenizer.
         self.model_dir = c.model.path or DEFAULT_POLICY_DIR
@@ -113,7 +112,10 @@ class Trainer:
         self.learner = Learner(c, self.model_cfg, self.mesh, param_sharding, self.state_param_sharding, self.loss_cfg)
 
         # Everything above only validates; from here on the run directory is written.
-        os.makedirs(self.workdir, exist_ok=True)
+        try:
+            os.makedirs(self.workdir, exist_ok=True)
+        except OSError as e:  # what output_dir_problem cannot foresee (a read-only filesystem, root on /proc)
+            self._check_workdir(f"{self.workdir} cannot be created ({e.strerror})")
         check_resume_config(c, self.workdir, write=self.is_main)
         sync("config")
         self.ckpt = Checkpoints(c, self.workdir, self.learner, self.mesh, self.model_dir, self.model_cfg,
@@ -129,6 +131,13 @@ class Trainer:
         self.ema = RewardEMA(span=c.trainer.ema_span)
         self.is_async = c.trainer.async_rl.mode != "sync"
         self.rollouts = None  # SyncRollouts / AsyncRollouts (process 0), made in run()
+
+    @staticmethod
+    def _check_workdir(problem: Optional[str]) -> None:
+        """Raises ConfigError naming --workdir, `problem` and the fix (nothing when `problem` is None)."""
+        if problem:
+            raise config_lib.ConfigError(f"--workdir: {problem}. Fix: pass a directory path that can be created "
+                                         "(e.g. --workdir=runs/my_run; it is created if missing)")
 
     def _check_prompt_lengths(self, tasks, path: str) -> None:
         """Rejects dataset prompts (training or held-out, read from `path`) whose rendering exceeds

@@ -1,0 +1,125 @@
+"""One-line errors for the paths the commands are given (--workdir, --model, --output, --json,
+--trials-dir, --extract-dir, model.path), checked in-process (no subprocess, no training)."""
+import os
+import re
+import types
+
+import pytest
+
+from jaxrl import fileio, policy
+from jaxrl.config import ConfigError, base_config, validate
+from jaxrl.envs import DEFAULT_POLICY_DIR
+
+
+@pytest.fixture
+def paths(tmp_path):
+    """A regular file, an empty folder, and a folder with config.json but no weights."""
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    no_weights = tmp_path / "no_weights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text("{}")
+    return types.SimpleNamespace(file=str(f), empty=str(empty), no_weights=str(no_weights), tmp=str(tmp_path))
+
+
+def test_output_path_problems(paths):
+    under_file = os.path.join(paths.file, "sub")
+    assert fileio.output_dir_problem(under_file) == f"{under_file} cannot be created: {paths.file} is a file, " \
+                                                    "not a directory"
+    assert fileio.output_dir_problem(os.path.join(under_file, "deeper")).endswith(f"{paths.file} is a file, "
+                                                                                  "not a directory")
+    assert fileio.output_dir_problem(paths.file) == f"{paths.file} exists and is a file, not a directory"
+    assert fileio.output_dir_problem(os.path.join(paths.tmp, "new", "run")) is None
+    assert fileio.output_dir_problem(paths.empty) is None
+    assert fileio.output_file_problem(paths.empty) == f"{paths.empty} is a directory, not a file"
+    out = os.path.join(paths.file, "result.json")
+    assert fileio.output_file_problem(out) == f"{out} cannot be created: {paths.file} is a file, not a directory"
+    assert fileio.output_file_problem(os.path.join(paths.tmp, "new", "result.json")) is None
+
+
+def test_hf_checkpoint_problems(paths):
+    missing = os.path.join(paths.tmp, "missing")
+    assert fileio.hf_checkpoint_problem(missing) == f"{missing!r} does not exist"
+    assert fileio.hf_checkpoint_problem(paths.file) == f"{paths.file!r} is a file, not a directory"
+    assert "has no config.json" in fileio.hf_checkpoint_problem(paths.empty)
+    assert fileio.hf_checkpoint_problem(paths.no_weights) == (f"{paths.no_weights!r} has a config.json but no "
+                                                              "*.safetensors weights")
+    assert fileio.hf_checkpoint_problem(DEFAULT_POLICY_DIR) is None
+    c = base_config()
+    for path, problem in ((missing, "does not exist"), (paths.no_weights, "has a config.json but no *.safetensors")):
+        c.model.path = path
+        with pytest.raises(ConfigError, match=re.escape(f"model.path`: '{path}' {problem}")) as e:
+            validate(c)
+        assert "Fix: point it at an HF-format checkpoint directory (config.json + *.safetensors" in str(e.value)
+
+
+def test_workdir_under_a_file_is_one_line_naming_the_flag(paths, capsys):
+    """`python -m jaxrl.main --workdir=FILE/sub` (was a NotADirectoryError traceback from makedirs)."""
+    from jaxrl import main as main_cmd
+
+    c = base_config()
+    main_cmd._CONFIG = types.SimpleNamespace(value=c)
+    for wd, problem in ((os.path.join(paths.file, "sub"), f"cannot be created: {paths.file} is a file"),
+                        (paths.file, "exists and is a file, not a directory")):
+        main_cmd._WORKDIR = types.SimpleNamespace(value=wd)
+        with pytest.raises(SystemExit) as e:
+            main_cmd.main(["jaxrl.main"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"error: --workdir: {wd} {problem}") and "Fix: pass a directory path" in err, err
+    assert not os.path.exists(os.path.join(paths.tmp, "sub"))
+
+
+@pytest.mark.parametrize("command", ["evaluate", "chat"])
+def test_model_path_errors_say_what_is_wrong_and_what_a_model_is(paths, capsys, command):
+    """A missing --model said "is not a directory" (chat, evaluate --config) or "no rl_config.json
+    next to --model" (evaluate without --config); a folder without weights was a traceback."""
+    import importlib
+
+    cmd = importlib.import_module(f"jaxrl.{command}")
+    flags = dict(_CONFIG=None, _OUTPUT=None) if command == "evaluate" else dict(
+        _RUN_CONFIG=None, _DTYPE=None, _MAX_SEQ=64)
+    for name, value in flags.items():
+        setattr(cmd, name, types.SimpleNamespace(value=value))
+    missing = os.path.join(paths.tmp, "missing")
+    for model, problem in ((missing, f"--model {missing!r} does not exist"),
+                           (paths.file, f"--model {paths.file!r} is a file, not a directory"),
+                           (paths.no_weights, f"--model: {paths.no_weights!r} has a config.json but no *.safetensors")):
+        cmd._MODEL = types.SimpleNamespace(value=model)
+        if command == "evaluate" and model == paths.no_weights:
+            cmd._CONFIG = types.SimpleNamespace(value=base_config())
+        with pytest.raises(SystemExit) as e:
+            cmd.main([command])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"error: {problem}"), err
+        assert "Fix: pass an HF-format checkpoint directory (config.json + *.safetensors" in err, err
+
+
+def test_evaluate_output_is_checked_before_the_evaluation(paths, capsys):
+    from jaxrl import evaluate
+
+    evaluate._MODEL = types.SimpleNamespace(value=DEFAULT_POLICY_DIR)
+    evaluate._CONFIG = types.SimpleNamespace(value=base_config())
+    evaluate._OUTPUT = types.SimpleNamespace(value=os.path.join(paths.file, "r.json"))
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["evaluate"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"error: --output: {paths.file}/r.json cannot be created"), err
+
+
+def test_run_config_that_does_not_exist():
+    with pytest.raises(policy.PolicyError, match="/missing/rl_config.json: the run config does not exist"):
+        policy.read_run_config("/missing/rl_config.json")
+
+
+def test_tasks_output_flags(paths):
+    from jaxrl import tasks
+
+    args = types.SimpleNamespace(json=None, trials_dir=None, extract_dir=os.path.join(paths.file, "x"))
+    assert tasks.output_path_problem(args).startswith(f"--extract-dir: {paths.file}/x cannot be created")
+    args.json = os.path.join(paths.file, "r.json")
+    assert tasks.output_path_problem(args).startswith(f"--json: {paths.file}/r.json cannot be created")
+    assert tasks.output_path_problem(types.SimpleNamespace(json=None, trials_dir=paths.tmp, extract_dir=None)) is None

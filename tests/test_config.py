@@ -62,7 +62,7 @@ def test_recipes_hold_the_published_settings():
     ("generator.sampling_params.top_p", 0.0, "in \\(0, 1\\]"),
     ("generator.sampling_params.temperature", 0.001, "must be finite and >= 0.01"),
     ("generator.eval_sampling_params.temperature", 0.0, "must be finite and >= 0.01"),
-    ("model.path", "/nonexistent/ckpt", "not an HF checkpoint"),
+    ("model.path", "/nonexistent/ckpt", "'/nonexistent/ckpt' does not exist"),
 ])
 def test_invalid_values_name_the_key_and_the_fix(key, value, match):
     c = _with(rloo.get_config(), key, value)

@@ -471,12 +471,44 @@ def nearest_key(key: str, keys) -> Optional[str]:
     return leaves[close[0]] if close else None
 
 
+def recipe_error(e: BaseException, path: str) -> Optional[ConfigError]:
+    """A one-line error naming the file and line of a recipe that failed to load, or None.
+
+    `e` is what loading the recipe file `path` raised (compiling it, running it, or its
+    `get_config`), or an exception chained to it (ml_collections re-raises a recipe's TypeError /
+    ValueError with the traceback as text, and defers an OSError behind another): a SyntaxError
+    names its own file and line; any other exception the last line of `path` in its traceback.
+    None when no exception of the chain came from `path`.
+    """
+    import traceback
+
+    target = os.path.realpath(path)
+    seen: set[int] = set()
+    err: Optional[BaseException] = e
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, SyntaxError) and err.filename and os.path.isfile(err.filename):
+            where, line, text = err.filename, err.lineno, err.msg
+        else:
+            line = None
+            for frame, lineno in traceback.walk_tb(err.__traceback__):
+                if os.path.realpath(frame.f_code.co_filename) == target:
+                    line = lineno
+            where, text = path, " ".join(str(err).split())
+        if line is not None:
+            return ConfigError(f"--config: recipe file {where}, line {line}: {type(err).__name__}: {text}. "
+                               f"Fix: correct line {line} of {where}")
+        err = err.__cause__ or err.__context__
+    return None
+
+
 def load_recipe(spec: str) -> ml_collections.ConfigDict:
     """The config of a recipe spec `path/to/recipe.py[:scale]` (what --config=... loads).
 
     Raises:
-      ConfigError: the file does not exist, is not a Python file with `get_config`, or the
-        scale is unknown.
+      ConfigError: the file does not exist, is not a Python file with `get_config`, the
+        scale is unknown, or the file has a syntax error or its code raises (`recipe_error`:
+        the file and line).
     """
     import importlib.util
 
@@ -489,10 +521,18 @@ def load_recipe(spec: str) -> ml_collections.ConfigDict:
     if module_spec is None or module_spec.loader is None:
         raise ConfigError("--config", f"{path!r} is not a Python recipe file", "pass a .py file with get_config()")
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise ConfigError("--config", f"{path!r} defines no get_config()", "pass a recipe such as configs/rloo.py")
-    return module.get_config(arg) if sep else module.get_config()
+    try:
+        module_spec.loader.exec_module(module)
+        if not hasattr(module, "get_config"):
+            raise ConfigError("--config", f"{path!r} defines no get_config()", "pass a recipe such as configs/rloo.py")
+        return module.get_config(arg) if sep else module.get_config()
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any error of the recipe's own code, reported with its line
+        error = recipe_error(e, path)
+        if error is None:
+            raise
+        raise error from None
 
 
 def _a(noun: str) -> str:

@@ -1,12 +1,14 @@
 """One-line errors for the paths the commands are given (--workdir, --model, --output, --json,
---trials-dir, --extract-dir, model.path), checked in-process (no subprocess, no training)."""
+--trials-dir, --extract-dir, model.path) and for a recipe file that does not load (its file and
+line), checked in-process (no subprocess, no training)."""
 import os
 import re
 import types
 
 import pytest
 
-from jaxrl import fileio, policy
+from jaxrl import cli, fileio, policy
+from jaxrl import config as config_lib
 from jaxrl.config import ConfigError, base_config, validate
 from jaxrl.envs import DEFAULT_POLICY_DIR
 
@@ -123,3 +125,58 @@ def test_tasks_output_flags(paths):
     args.json = os.path.join(paths.file, "r.json")
     assert tasks.output_path_problem(args).startswith(f"--json: {paths.file}/r.json cannot be created")
     assert tasks.output_path_problem(types.SimpleNamespace(json=None, trials_dir=paths.tmp, extract_dir=None)) is None
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _broken_recipes(tmp_path):
+    """Copies of configs/rloo.py with one bad line: {name: (path, bad line number, error kind, message)}."""
+    lines = open(os.path.join(ROOT, "configs", "rloo.py")).read().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("def get_config"))
+    out = {}
+    for name, bad, kind, message in (
+            ("syntax", ["("], "SyntaxError", "'(' was never closed"),  # a stray "(" before get_config
+            ("name", ["undefined_name"], "NameError", "name 'undefined_name' is not defined"),
+            ("value", [lines[at], '    int("x")'], "ValueError", "invalid literal for int() with base 10: 'x'"),
+            ("oserror", [lines[at], '    open("/nonexistent/x")'], "FileNotFoundError", "No such file or directory")):
+        new = lines[:at] + bad + lines[at + (1 if bad[0] == lines[at] else 0):]
+        path = tmp_path / f"{name}.py"
+        path.write_text("\n".join(new) + "\n")
+        out[name] = (str(path), at + len(bad), kind, message)  # the bad line is the last of `bad` (1-based)
+    return out
+
+
+def test_recipe_errors_name_the_file_and_line(tmp_path, monkeypatch, capsys):
+    """A recipe with a stray "(" said only "error: '(' was never closed" (main, plan, evaluate) or
+    printed a traceback (config show)."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    for name, (path, line, kind, message) in _broken_recipes(tmp_path).items():
+        want = f"--config: recipe file {path}, line {line}: {kind}: "
+        # config show / diff (config.load_recipe)
+        with pytest.raises(ConfigError) as e:
+            config_lib.load_recipe(path)
+        assert str(e.value).startswith(want) and message in str(e.value), (name, str(e.value))
+        assert str(e.value).endswith(f"Fix: correct line {line} of {path}")
+        # main, plan, evaluate: the --config flag parse (cli.parse_flags -> flag_error_line), or the
+        # first access of a config whose loading ml_collections deferred (cli.recipe_load_error)
+        fv = flags.FlagValues()
+        holder = config_flags.DEFINE_config_file("config", None, "recipe", flag_values=fv, lock_config=True)
+        argv = ["jaxrl.main", f"--config={path}"]
+        deferred_path = False
+        try:
+            fv(argv)
+            holder.value.name  # noqa: B018 - raises the deferred OSError
+        except OSError as deferred:
+            deferred_path = True
+            monkeypatch.setattr("sys.argv", argv)
+            with pytest.raises(SystemExit):
+                cli.recipe_load_error(deferred)
+            line_out = capsys.readouterr().err
+        except Exception as parse_error:  # noqa: BLE001 - what absl raised while parsing
+            line_out = "error: " + cli.flag_error_line(parse_error, argv) + "\n"
+        assert line_out.startswith("error: " + want) and message in line_out, (name, line_out)
+        assert len(line_out.strip().splitlines()) == 1, line_out
+        assert deferred_path == (name == "oserror")  # ml_collections defers only OSErrors

@@ -146,14 +146,13 @@ def flag_error_line(e: BaseException, argv: Sequence[str], flag: str = "config")
             recipe = None
     if recipe is not None:
         leaves = config_lib.flatten(recipe)
-        sections = {k.rsplit(".", i)[0] for k in leaves for i in range(1, k.count(".") + 1)}
+        sections = config_lib.key_sections(leaves)
         list_cmd = f"python -m jaxrl.config show {spec}"
         for arg, key, value in overrides:
             if key in leaves or key in sections:
                 continue
-            near = config_lib.nearest_key(key, leaves)
-            hint = f"; did you mean `{near}`?" if near else ""
-            return f"unknown config key `{key}` (in {arg}){hint} List the keys with: {list_cmd}"
+            return (f"unknown config key `{key}` (in {arg}); {config_lib.unknown_key_hint(key, leaves)} "
+                    f"List the keys with: {list_cmd}")
         msg = _library_message(e)
         m = re.match(rf"flag --{re.escape(flag)}\.([^=]+)=", msg)
         if m and (m.group(1) in leaves or m.group(1) in sections):

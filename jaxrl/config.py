@@ -471,6 +471,23 @@ def nearest_key(key: str, keys) -> Optional[str]:
     return leaves[close[0]] if close else None
 
 
+def key_sections(keys) -> set[str]:
+    """Every section above the dotted leaf `keys` (`trainer`, `trainer.optimizer`, ...)."""
+    return {k.rsplit(".", i)[0] for k in keys for i in range(1, k.count(".") + 1)}
+
+
+def unknown_key_hint(key: str, keys, sections: bool = False) -> str:
+    """What to say about a `key` that is not one of the dotted leaf `keys`: `did you mean `K`?` with
+    the nearest key (`nearest_key`; with `sections`, sections such as `trainer.optimizer` are
+    candidates too), or, when none is close, the top-level names to start from."""
+    keys = list(keys)
+    near = nearest_key(key, [*keys, *sorted(key_sections(keys))] if sections else keys)
+    if near:
+        return f"did you mean `{near}`?"
+    top = sorted({k.split(".", 1)[0] for k in keys})
+    return f"no key is close to it; the top-level keys are {', '.join(top)}."
+
+
 def recipe_error(e: BaseException, path: str) -> Optional[ConfigError]:
     """A one-line error naming the file and line of a recipe that failed to load, or None.
 

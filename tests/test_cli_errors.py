@@ -1,8 +1,10 @@
 """One-line errors for the paths the commands are given (--workdir, --model, --output, --json,
 --trials-dir, --extract-dir, model.path) and for a recipe file that does not load (its file and
-line), checked in-process (no subprocess, no training)."""
+line), and for a `config show` prefix or `--config.KEY` that matches no key (the nearest one, or
+the top-level keys), checked in-process (no subprocess, no training)."""
 import os
 import re
+import sys
 import types
 
 import pytest
@@ -180,3 +182,29 @@ def test_recipe_errors_name_the_file_and_line(tmp_path, monkeypatch, capsys):
         assert line_out.startswith("error: " + want) and message in line_out, (name, line_out)
         assert len(line_out.strip().splitlines()) == 1, line_out
         assert deferred_path == (name == "oserror")  # ml_collections defers only OSErrors
+
+
+def test_unknown_prefix_or_key_suggests_the_nearest_or_lists_the_top_level_keys(monkeypatch):
+    """`config show configs/rloo.py zzz` said nothing about where to start; a typo of a section
+    name (`trainer.optimzer`) is answered with the section."""
+    from jaxrl import config_cli
+
+    monkeypatch.chdir(ROOT)
+    sys.path.insert(0, os.path.join(ROOT, "configs"))
+    import rloo
+
+    top = sorted({k.split(".", 1)[0] for k in config_lib.flatten(rloo.get_config())})
+    assert {"trainer", "generator", "data", "model", "seed"} <= set(top)
+    for prefix, hint in (("zzz", f"no key is close to it; the top-level keys are {', '.join(top)}."),
+                         ("trainer.optimzer", "did you mean `trainer.optimizer`?"),
+                         ("lr", "did you mean `trainer.optimizer.lr`?"),
+                         ("generater", "did you mean `generator`?")):
+        with pytest.raises(ConfigError) as e:
+            config_cli.show_lines("configs/rloo.py", [prefix])
+        assert str(e.value) == (f"no key of configs/rloo.py starts with {prefix!r}; {hint} Fix: give the start of a "
+                                "dotted key, e.g. trainer.optimizer (every key: python -m jaxrl.config show "
+                                "configs/rloo.py)")
+    argv = ["jaxrl.main", "--config=configs/rloo.py", "--config.zzz=1"]
+    assert cli.flag_error_line(AttributeError(KeyError("zzz")), argv) == (
+        f"unknown config key `zzz` (in --config.zzz=1); no key is close to it; the top-level keys are "
+        f"{', '.join(top)}. List the keys with: python -m jaxrl.config show configs/rloo.py")

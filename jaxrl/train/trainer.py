@@ -55,7 +55,7 @@ from jaxrl.train.multihost import broadcast_from_main, sync
 from jaxrl.train.persistence import Checkpoints
 from jaxrl.train.prompts import PromptSource, derive_seed
 from jaxrl.train.report import NoLogger, Progress, report_text
-from jaxrl.train.rundir import (RESUMABLE_CHANGES, CheckpointError, RunDirError, TrainerState,  # noqa: F401
+from jaxrl.train.rundir import (RESUMABLE_CHANGES, CheckpointError, RunDirError, TrainerState, WallClock,  # noqa: F401
                                 check_resume_config, maybe_kill, read_finished_summary, read_json_object)
 from jaxrl.train.step_stats import batch_metrics, decode_for_log, trial_rows
 
@@ -201,7 +201,8 @@ class Trainer:
     # -- main loop ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         c = self.c
-        t_run = time.perf_counter()
+        clock = WallClock(self.workdir)  # this launch's time, plus that of the run's earlier launches
+        t_run = clock.t0
         self.learner.build(self.state.lr_scale)
         latest = self.ckpt.store.latest_step()
         summary_path = os.path.join(self.workdir, "summary.json")
@@ -276,6 +277,8 @@ class Trainer:
                 # checkpoint and drops these rows, so logs never miss a step that a checkpoint covers.
                 logger.log_step(step, m)
                 logger.log_trials(step, trials)
+                if self.is_main:
+                    clock.save()
                 if ((is_best and c.trainer.save_on_new_best) or step % c.trainer.ckpt_interval == 0
                         or step == c.trainer.num_steps):
                     self._save(step, params, opt_state)
@@ -298,7 +301,7 @@ class Trainer:
             if self.rollouts is not None:
                 self.rollouts.stop()
                 self.rollouts = None
-            summary = self._finish(logger, step, time.perf_counter() - t_run, stopped_by_collapse)
+            summary = self._finish(logger, step, clock, stopped_by_collapse)
         finally:
             if self.rollouts is not None:
                 self.rollouts.stop()
@@ -385,13 +388,13 @@ class Trainer:
         self._publish(params, self.state.policy_version + 1)  # the next rollouts use the restored weights
         return params, opt_state
 
-    def _finish(self, logger, last_step: int, wall_s: float, collapsed: bool) -> dict[str, Any]:
+    def _finish(self, logger, last_step: int, clock: WallClock, collapsed: bool) -> dict[str, Any]:
         """Evaluates the final policy (unless its last step was) and the best checkpoint, exports
-        the best, writes the plot, report.md and summary.json."""
+        the best, writes the plot, report.md and summary.json (wall time: every launch of the run)."""
         c = self.c
         best = self.state.best_ckpt_step
         summary: dict[str, Any] = {"last_step": last_step, "best_step": best, "best_ema": self.state.best_ckpt_ema,
-                                   "initial_eval": self.state.initial_eval, "wall_s": wall_s,
+                                   "initial_eval": self.state.initial_eval,
                                    "heldout": evaluation.describe(c, self.prompts)}
         # The final step's policy: evaluated at that step, else (a collapse stop, or a resumed run
         # whose last step was checkpointed before its end) now, on the served weights of that step.
@@ -413,8 +416,10 @@ class Trainer:
                 fmt = PromptFormat.of_tasks(self.prompts.training_tasks(), c.generator.enable_thinking)
                 self.ckpt.export_hf(params, self.is_main, prompt_format=fmt,
                                     generation=evaluation.generation_config(c, self.chat))
+        summary["wall_s"], summary["launches"] = clock.total(), clock.launches
         if not self.is_main:
             return summary
+        clock.save()
         plot_rewards(self.workdir, logger.rows, best)
         write_report(self.workdir, report_text(c, summary, logger.rows, self.state, collapsed))
         write_json_atomic(os.path.join(self.workdir, "summary.json"), summary)

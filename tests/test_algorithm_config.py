@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from config_helpers import set_key
 from jaxrl import config as config_lib
 from jaxrl.config import ConfigError
 from jaxrl.rl import AdvantageConfig, LossConfig
@@ -63,11 +64,8 @@ PAIRED = {"off_policy_correction.token_mask_is_threshold_low": "off_policy_corre
 
 
 def _set(c, key, value):
-    node = c.trainer.algorithm
-    *parents, leaf = key.split(".")
-    for p in parents:
-        node = node[p]
-    node[leaf] = value
+    """Sets the dotted `key` under trainer.algorithm."""
+    set_key(c, f"trainer.algorithm.{key}", value)
 
 
 def test_every_loss_and_advantage_field_is_a_config_key():

@@ -208,3 +208,21 @@ def test_unknown_prefix_or_key_suggests_the_nearest_or_lists_the_top_level_keys(
     assert cli.flag_error_line(AttributeError(KeyError("zzz")), argv) == (
         f"unknown config key `zzz` (in --config.zzz=1); no key is close to it; the top-level keys are "
         f"{', '.join(top)}. List the keys with: python -m jaxrl.config show configs/rloo.py")
+
+
+def test_sidecar_checkpoint_and_token_file_errors_are_one_line(paths):
+    """`python -m jaxrl.rollout.sidecar --checkpoint /missing` (or a folder without weights, or a
+    missing --token-file) was a FileNotFoundError traceback."""
+    from jaxrl.rollout import sidecar
+
+    missing = os.path.join(paths.tmp, "missing")
+    checks = [(lambda c=c: sidecar.build_backend(sidecar.build_arg_parser().parse_args(["--port", "1", "--checkpoint", c])),
+               f"--checkpoint: {c!r} {problem}. Fix: pass an HF-format checkpoint")
+              for c, problem in ((missing, "does not exist"),
+                                 (paths.no_weights, "has a config.json but no *.safetensors weights"))]
+    checks.append((lambda: sidecar._read_token(missing),
+                   f"--token-file {missing}: cannot read it (No such file or directory). Fix: pass the file"))
+    for call, message in checks:  # (what main() runs before any engine is built)
+        with pytest.raises(SystemExit) as e:
+            call()
+        assert isinstance(e.value.code, str) and e.value.code.startswith(message), e.value.code

@@ -141,6 +141,9 @@ def main(argv):
     except (policy.PolicyError, DatasetError, ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except OSError as e:  # a file of the model or the held-out set that cannot be read
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
     print(f"jaxrl evaluate: {r['model']} on the held-out set of {source}: {r['heldout']}")
     print(f"held-out success: {100 * r['success_rate']:.1f}% ({r['num_successes']} of {r['num_prompts']}); "
           f"mean reward {r['avg_reward']:.3f}; {r['seconds']:.1f} s", flush=True)

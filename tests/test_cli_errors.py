@@ -59,15 +59,19 @@ def test_hf_checkpoint_problems(paths):
         assert "Fix: point it at an HF-format checkpoint directory (config.json + *.safetensors" in str(e.value)
 
 
-def test_workdir_under_a_file_is_one_line_naming_the_flag(paths, capsys):
+def test_workdir_under_a_file_is_one_line_naming_the_flag(paths, capsys, monkeypatch):
     """`python -m jaxrl.main --workdir=FILE/sub` (was a NotADirectoryError traceback from makedirs)."""
     from jaxrl import main as main_cmd
 
     c = base_config()
-    main_cmd._CONFIG = types.SimpleNamespace(value=c)
+    monkeypatch.setattr(main_cmd, "_CONFIG", types.SimpleNamespace(value=c))
+    from jaxrl import gpu_memory
+
+    for key, value in gpu_memory.trainer_env(c).items():  # main() sets these; restored after the test
+        monkeypatch.setenv(key, value)
     for wd, problem in ((os.path.join(paths.file, "sub"), f"cannot be created: {paths.file} is a file"),
                         (paths.file, "exists and is a file, not a directory")):
-        main_cmd._WORKDIR = types.SimpleNamespace(value=wd)
+        monkeypatch.setattr(main_cmd, "_WORKDIR", types.SimpleNamespace(value=wd))
         with pytest.raises(SystemExit) as e:
             main_cmd.main(["jaxrl.main"])
         err = capsys.readouterr().err
@@ -77,7 +81,7 @@ def test_workdir_under_a_file_is_one_line_naming_the_flag(paths, capsys):
 
 
 @pytest.mark.parametrize("command", ["evaluate", "chat"])
-def test_model_path_errors_say_what_is_wrong_and_what_a_model_is(paths, capsys, command):
+def test_model_path_errors_say_what_is_wrong_and_what_a_model_is(paths, capsys, monkeypatch, command):
     """A missing --model said "is not a directory" (chat, evaluate --config) or "no rl_config.json
     next to --model" (evaluate without --config); a folder without weights was a traceback."""
     import importlib
@@ -86,14 +90,14 @@ def test_model_path_errors_say_what_is_wrong_and_what_a_model_is(paths, capsys, 
     flags = dict(_CONFIG=None, _OUTPUT=None) if command == "evaluate" else dict(
         _RUN_CONFIG=None, _DTYPE=None, _MAX_SEQ=64)
     for name, value in flags.items():
-        setattr(cmd, name, types.SimpleNamespace(value=value))
+        monkeypatch.setattr(cmd, name, types.SimpleNamespace(value=value))
     missing = os.path.join(paths.tmp, "missing")
     for model, problem in ((missing, f"--model {missing!r} does not exist"),
                            (paths.file, f"--model {paths.file!r} is a file, not a directory"),
                            (paths.no_weights, f"--model: {paths.no_weights!r} has a config.json but no *.safetensors")):
-        cmd._MODEL = types.SimpleNamespace(value=model)
+        monkeypatch.setattr(cmd, "_MODEL", types.SimpleNamespace(value=model))
         if command == "evaluate" and model == paths.no_weights:
-            cmd._CONFIG = types.SimpleNamespace(value=base_config())
+            monkeypatch.setattr(cmd, "_CONFIG", types.SimpleNamespace(value=base_config()))
         with pytest.raises(SystemExit) as e:
             cmd.main([command])
         err = capsys.readouterr().err
@@ -102,12 +106,12 @@ def test_model_path_errors_say_what_is_wrong_and_what_a_model_is(paths, capsys, 
         assert "Fix: pass an HF-format checkpoint directory (config.json + *.safetensors" in err, err
 
 
-def test_evaluate_output_is_checked_before_the_evaluation(paths, capsys):
+def test_evaluate_output_is_checked_before_the_evaluation(paths, capsys, monkeypatch):
     from jaxrl import evaluate
 
-    evaluate._MODEL = types.SimpleNamespace(value=DEFAULT_POLICY_DIR)
-    evaluate._CONFIG = types.SimpleNamespace(value=base_config())
-    evaluate._OUTPUT = types.SimpleNamespace(value=os.path.join(paths.file, "r.json"))
+    monkeypatch.setattr(evaluate, "_MODEL", types.SimpleNamespace(value=DEFAULT_POLICY_DIR))
+    monkeypatch.setattr(evaluate, "_CONFIG", types.SimpleNamespace(value=base_config()))
+    monkeypatch.setattr(evaluate, "_OUTPUT", types.SimpleNamespace(value=os.path.join(paths.file, "r.json")))
     with pytest.raises(SystemExit) as e:
         evaluate.main(["evaluate"])
     err = capsys.readouterr().err

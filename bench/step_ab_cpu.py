@@ -40,7 +40,6 @@ import collections
 import contextlib
 import functools
 import os
-import re
 import sys
 import time
 
@@ -58,34 +57,13 @@ PAIRS = {
 def hlo_ops(text: str, branches: str = "last") -> collections.Counter:
     """{op kind: executions per step} of the top-level instructions of an optimized HLO module
     (while bodies times their known trip count, the last branch of a conditional or all of them,
-    see `step_flops.called_branches`; fusions once, kinds as in `step_flops.hlo_bytes`)."""
-    from step_flops import _NO_TRAFFIC, _parse_hlo, called_branches
+    see `step_flops.called_branches`; fusions once, kinds as in `step_flops.hlo_bytes`; the walk is
+    `step_flops.hlo_instructions`)."""
+    from step_flops import hlo_instructions
 
-    comps, entry = _parse_hlo(text)
     acc = collections.Counter()
-
-    def walk(name, mult):
-        for x in comps.get(name, []):
-            if x["op"] in _NO_TRAFFIC:
-                continue
-            if x["op"] == "while":
-                body = re.search(r"body=%([\w.\-]+)", x["attrs"]).group(1)
-                n = re.search(r'known_trip_count":\{"n":"(\d+)"', x["attrs"])
-                walk(body, mult * (int(n.group(1)) if n else 1))
-                continue
-            if x["op"] in ("conditional", "call"):
-                acc[x["op"]] += mult
-                for c in called_branches(x, branches):
-                    walk(c, mult)
-                continue
-            kind = x["op"]
-            if kind == "fusion":
-                called = re.search(r"calls=%([\w.\-]+)", x["attrs"])
-                root = next((b for b in comps.get(called.group(1), []) if b["root"]), None) if called else None
-                kind = "fusion:" + (root["op"] if root else "?")
-            acc[kind] += mult
-
-    walk(entry, 1)
+    for _, mult, kind, _, _ in hlo_instructions(text, branches):
+        acc[kind] += mult
     return acc
 
 
@@ -121,26 +99,19 @@ def _cudnn_stand_in():
 def run(v: dict, args) -> dict:
     """Compiles, analyzes and times one variant; returns its row."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
     from jaxrl.models import qwen3
     from jaxrl.rl import losses
     from jaxrl.train import step as step_lib
-    from step_flops import hlo_bytes
+    from step_flops import hlo_bytes, step_batch, train_step_fn
     from train_step_mfu import _patched
 
     cfg = qwen3.Qwen3Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
                             num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
                             head_dim=args.hidden // 4, tie_word_embeddings=True, dtype="bfloat16",
                             remat=args.remat, attention=v.get("attention", "xla"))
-    B, S = args.batch, args.seq
-    rng = np.random.default_rng(0)
-    batch = dict(tokens=jnp.asarray(rng.integers(0, cfg.vocab_size, (B, S)), jnp.int32),
-                 positions=jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S)),
-                 segment_ids=jnp.ones((B, S), jnp.int32), loss_mask=jnp.ones((B, S - 1), jnp.int32),
-                 advantages=jnp.asarray(rng.standard_normal((B, S - 1)), jnp.float32),
-                 old_logprobs=jnp.full((B, S - 1), -np.log(cfg.vocab_size), jnp.float32))
+    batch = step_batch(args.batch, args.seq, cfg.vocab_size, rng=np.random.default_rng(0))
     lc = losses.LossConfig(policy_loss_type="regular", loss_reduction="token_mean", eps_clip_low=0.2,
                            eps_clip_high=0.05)
     w = losses.compute_loss_weights(batch["loss_mask"], lc)
@@ -149,8 +120,7 @@ def run(v: dict, args) -> dict:
     if v.get("zero_grads"):
         tx = _zeroing(tx)
     with _cudnn_stand_in(), _patched(v):
-        fn = jax.jit(lambda p, o, b, ww: step_lib.train_step(p, o, b, ww, model_cfg=cfg, step_cfg=sc, tx=tx,
-                                                             schedule=sched))
+        fn = jax.jit(train_step_fn(cfg, sc, tx, sched))
         params = qwen3.init_params(cfg, 0)
         opt = tx.init(params)
         compiled = fn.lower(params, opt, batch, w).compile()

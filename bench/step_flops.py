@@ -72,6 +72,35 @@ def _walk(jaxpr, mult, acc, phase, in_loop=False):
                     _walk(j, sub_mult, acc, sub_phase, in_loop or name == "while")
 
 
+def step_batch(B: int, S: int, vocab_size: int, rng=None) -> dict:
+    """One micro-batch of `jaxrl.train.step.train_step` at B x S: `tokens`, `positions`,
+    `segment_ids` [B, S] int32, `loss_mask` [B, S-1] int32, `advantages` and `old_logprobs`
+    [B, S-1] float32. With a numpy Generator `rng`: random tokens and advantages, positions
+    0..S-1, one segment, every target trained, old log-probs those of a uniform policy; without,
+    `jax.ShapeDtypeStruct`s (for tracing)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    if rng is None:
+        i32, f32 = jax.ShapeDtypeStruct((B, S), jnp.int32), jax.ShapeDtypeStruct((B, S - 1), jnp.float32)
+        return dict(tokens=i32, positions=i32, segment_ids=i32, loss_mask=jax.ShapeDtypeStruct((B, S - 1), jnp.int32),
+                    advantages=f32, old_logprobs=f32)
+    return dict(tokens=jnp.asarray(rng.integers(0, vocab_size, (B, S)), jnp.int32),
+                positions=jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S)),
+                segment_ids=jnp.ones((B, S), jnp.int32), loss_mask=jnp.ones((B, S - 1), jnp.int32),
+                advantages=jnp.asarray(rng.standard_normal((B, S - 1)), jnp.float32),
+                old_logprobs=jnp.full((B, S - 1), -np.log(vocab_size), jnp.float32))
+
+
+def train_step_fn(cfg, sc, tx, schedule):
+    """`(params, opt_state, batch, weights) -> train_step(...)` with the model, step config and
+    optimizer bound (what both benches trace or compile)."""
+    from jaxrl.train import step as step_lib
+
+    return lambda p, o, b, ww: step_lib.train_step(p, o, b, ww, model_cfg=cfg, step_cfg=sc, tx=tx, schedule=schedule)
+
+
 def analyze(remat: str, B: int, S: int, shape: dict = SHAPE_1P7B, dtype: str = "bfloat16",
             save_probs: bool = False) -> dict:
     """FLOPs by (phase, dtypes) of one train step; phases split forward / rest by linearization."""
@@ -86,17 +115,13 @@ def analyze(remat: str, B: int, S: int, shape: dict = SHAPE_1P7B, dtype: str = "
     params = qwen3.abstract_params(cfg)
     tx, sched = step_lib.make_optimizer(1e-6, 10)
     sc = step_lib.StepConfig(loss=losses.LossConfig(), num_micro_batches=1, chunk_size=1024, save_probs=save_probs)
-    i32 = jax.ShapeDtypeStruct((B, S), jnp.int32)
-    f32 = jax.ShapeDtypeStruct((B, S - 1), jnp.float32)
-    batch = dict(tokens=i32, positions=i32, segment_ids=i32, loss_mask=jax.ShapeDtypeStruct((B, S - 1), jnp.int32),
-                 advantages=f32, old_logprobs=f32)
+    batch = step_batch(B, S, cfg.vocab_size)
+    f32 = batch["advantages"]
     w = losses.LossWeights(policy=f32, token=f32, sequence_token=f32, sequence=jax.ShapeDtypeStruct((B,), jnp.float32))
     # Forward = the jvp-free primal computation: trace the loss alone for the forward FLOPs.
     cparams = jax.eval_shape(lambda p: step_lib.cast_params(p, cfg.compute_dtype), params)
     fwd = jax.make_jaxpr(lambda p, b, ww: step_lib._micro_loss(p, b, ww, cfg, sc))(cparams, batch, w)
-    full = jax.make_jaxpr(lambda p, o, b, ww: step_lib.train_step(p, o, b, ww, model_cfg=cfg, step_cfg=sc, tx=tx,
-                                                                  schedule=sched))(
-        params, jax.eval_shape(tx.init, params), batch, w)
+    full = jax.make_jaxpr(train_step_fn(cfg, sc, tx, sched))(params, jax.eval_shape(tx.init, params), batch, w)
     acc_f, acc_t = collections.Counter(), collections.Counter()
     _walk(fwd.jaxpr, 1, acc_f, "forward")
     _walk(full.jaxpr, 1, acc_t, "step")
@@ -155,6 +180,46 @@ def called_branches(x: dict, branches: str = "all") -> list:
     return re.findall(r"%([\w.\-]+)", x["attrs"])
 
 
+def hlo_instructions(text: str, branches: str = "all"):
+    """The top-level instructions an optimized HLO module executes, with how often.
+
+    Yields ``(instruction, times, kind, computation, body)`` for every instruction of the entry
+    computation and of what it runs: while bodies (``times`` multiplied by their known trip count;
+    the while itself is not yielded), the computations of a ``conditional`` / ``call`` (every
+    branch, or with ``branches='last'`` only the last, see :func:`called_branches`; the
+    conditional / call itself is yielded first, kind its op). Parameters, constants, tuples,
+    bitcasts and the like (``_NO_TRAFFIC``) are skipped. ``kind`` is the op, ``fusion:<root op>``
+    for a fusion; ``computation`` is the list of instructions the instruction belongs to and
+    ``body`` that of the fusion's called computation (empty for other ops).
+    """
+    comps, entry = _parse_hlo(text)
+
+    def walk(name, mult):
+        insts = comps.get(name, [])
+        for x in insts:
+            if x["op"] in _NO_TRAFFIC:
+                continue
+            if x["op"] == "while":
+                body = re.search(r"body=%([\w.\-]+)", x["attrs"]).group(1)
+                n = re.search(r'known_trip_count":\{"n":"(\d+)"', x["attrs"])
+                yield from walk(body, mult * (int(n.group(1)) if n else 1))
+                continue
+            if x["op"] in ("conditional", "call"):
+                yield x, mult, x["op"], insts, []
+                for c in called_branches(x, branches):
+                    yield from walk(c, mult)
+                continue
+            kind, body = x["op"], []
+            if x["op"] == "fusion":
+                called = re.search(r"calls=%([\w.\-]+)", x["attrs"])
+                body = comps.get(called.group(1), []) if called else []
+                root = next((b for b in body if b["root"]), None)
+                kind = "fusion:" + (root["op"] if root else "?")
+            yield x, mult, kind, insts, body
+
+    yield from walk(entry, 1)
+
+
 def hlo_bytes(text: str, branches: str = "all") -> dict:
     """Bytes read + written by the top-level instructions of an optimized HLO module (each fusion
     counted once with its operands and result; while bodies times their known trip count; a fusion
@@ -162,36 +227,17 @@ def hlo_bytes(text: str, branches: str = "all") -> dict:
     conditional, or with ``branches='last'`` only the last, see :func:`called_branches`). A proxy
     for memory traffic on a backend that materializes every top-level result; returns {op kind:
     bytes} plus 'total'."""
-    comps, entry = _parse_hlo(text)
     acc = collections.Counter()
-
-    def walk(name, mult):
-        insts = comps.get(name, [])
-        shapes = {x["name"]: x["shape"] for x in insts}
-        for x in insts:
-            if x["op"] in _NO_TRAFFIC:
-                continue
-            if x["op"] == "while":
-                body = re.search(r"body=%([\w.\-]+)", x["attrs"]).group(1)
-                n = re.search(r'known_trip_count":\{"n":"(\d+)"', x["attrs"])
-                walk(body, mult * (int(n.group(1)) if n else 1))
-                continue
-            if x["op"] in ("conditional", "call"):
-                for c in called_branches(x, branches):
-                    walk(c, mult)
-                continue
-            out_b, in_b, kind = _shape_bytes(x["shape"]), [_shape_bytes(shapes.get(o, "")) for o in x["operands"]], x["op"]
-            if x["op"] == "fusion":
-                called = re.search(r"calls=%([\w.\-]+)", x["attrs"])
-                body = comps.get(called.group(1), []) if called else []
-                root = next((b for b in body if b["root"]), None)
-                kind = "fusion:" + (root["op"] if root else "?")
-                if root is not None and root["op"] == "dynamic-update-slice":
-                    upd = next((b["shape"] for b in body if b["name"] == root["operands"][1]), "")
-                    out_b, in_b = _shape_bytes(upd), [min(v, _shape_bytes(upd)) for v in in_b]
-            acc[kind] += mult * (out_b + sum(in_b))
-
-    walk(entry, 1)
+    for x, mult, kind, insts, body in hlo_instructions(text, branches):
+        if x["op"] in ("conditional", "call"):
+            continue
+        shapes = {y["name"]: y["shape"] for y in insts}
+        out_b, in_b = _shape_bytes(x["shape"]), [_shape_bytes(shapes.get(o, "")) for o in x["operands"]]
+        root = next((b for b in body if b["root"]), None)
+        if root is not None and root["op"] == "dynamic-update-slice":
+            upd = next((b["shape"] for b in body if b["name"] == root["operands"][1]), "")
+            out_b, in_b = _shape_bytes(upd), [min(v, _shape_bytes(upd)) for v in in_b]
+        acc[kind] += mult * (out_b + sum(in_b))
     acc["total"] = sum(acc.values())
     return dict(acc)
 

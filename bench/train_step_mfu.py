@@ -90,6 +90,8 @@ def _legacy_logprobs_from_hidden(hidden, head_w, targets, temperature=1.0, chunk
     import jax
     import jax.numpy as jnp
 
+    from jaxrl.models import qwen3
+
     if save_probs:
         raise ValueError("head=legacy recomputes the logits; it cannot be combined with probs=save")
 
@@ -107,13 +109,9 @@ def _legacy_logprobs_from_hidden(hidden, head_w, targets, temperature=1.0, chunk
                 jnp.einsum("bce,bcv->ev", h, g, preferred_element_type=jnp.float32).astype(w.dtype))
 
     head_logits.defvjp(fwd, bwd)
-    B, T, E = hidden.shape
-    c = min(chunk_size, T)
-    n = -(-T // c)
-    pad = n * c - T
+    T = hidden.shape[1]
     w = head_w.astype(hidden.dtype)
-    h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(B, n, c, E).swapaxes(0, 1)
-    t = jnp.pad(targets.astype(jnp.int32), ((0, 0), (0, pad))).reshape(B, n, c).swapaxes(0, 1)
+    h, t = qwen3.chunk_positions(hidden, targets, chunk_size)
 
     def chunk(_, xs):
         hc, tc = xs
@@ -124,7 +122,7 @@ def _legacy_logprobs_from_hidden(hidden, head_w, targets, temperature=1.0, chunk
         return None, (zy - lse, ent)
 
     _, (lp, ent) = jax.lax.scan(jax.checkpoint(chunk, prevent_cse=False), None, (h, t))
-    return lp.swapaxes(0, 1).reshape(B, n * c)[:, :T], ent.swapaxes(0, 1).reshape(B, n * c)[:, :T]
+    return qwen3.unchunk_positions(lp, T), qwen3.unchunk_positions(ent, T)
 
 
 @contextlib.contextmanager

@@ -135,6 +135,7 @@ def main(argv):
     model = _MODEL.value
     notes = []
     try:
+        policy.check_model_path(model)
         run_config = _RUN_CONFIG.value or policy.find_run_config(model)
         c = policy.read_run_config(run_config) if run_config else base_config()
         dtype = _DTYPE.value or (c.model.compute_dtype if run_config else "float32")

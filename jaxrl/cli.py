@@ -62,6 +62,26 @@ def run(main: Callable, doc: str, keys_hint: bool = True, argv: Optional[Sequenc
     app.run(quiet_main, argv=argv, flags_parser=parse_flags)
 
 
+def recipe_load_error(e: OSError, flag: str = "config") -> None:
+    """Exits 2 after one line for a `--config` recipe that ml_collections could not load (it defers
+    a missing file, or an OSError raised by the recipe's code, to the first access of the config):
+    the file and line when the error came from the recipe's code (`config.recipe_error`), else
+    the library's reason."""
+    from jaxrl import config as config_lib
+
+    import os
+
+    spec = _recipe_spec(sys.argv[1:], flag)
+    path = spec.partition(":")[0] if spec else None
+    error = config_lib.recipe_error(e, path) if path else None
+    if error is None and path and not os.path.isfile(path):
+        error = (f"--{flag}: recipe file {path!r} does not exist, so it could not be loaded. Fix: pass a recipe "
+                 "such as configs/rloo.py (or configs/rloo.py:qwen3_8b)")
+    print(f"error: {error or str(e).splitlines()[-1].strip() + ': the --config recipe file could not be loaded'}",
+          file=sys.stderr)
+    sys.exit(2)
+
+
 def usage_error(message: str) -> None:
     """Exits 2 after printing `error: <message> (see --help)` (one line)."""
     print(f"error: {message} (see --help)", file=sys.stderr)
@@ -105,13 +125,18 @@ def _overrides(argv: Sequence[str], flag: str = "config") -> list[tuple[str, str
 def flag_error_line(e: BaseException, argv: Sequence[str], flag: str = "config") -> str:
     """One line saying what is wrong with a command line that absl / ml_collections refused.
 
-    An unknown `--config.KEY`: the full dotted KEY, the nearest valid key and the command that
+    A recipe file that does not compile or whose code raises: the file and line
+    (`config.recipe_error`). An unknown `--config.KEY`: the full dotted KEY, the nearest valid key and the command that
     lists the keys. A value that does not parse: the value as typed (quoted), the type the key
     wants and the recipe's value. Anything else: the library's message on one line.
     """
     from jaxrl import config as config_lib
 
     spec = _recipe_spec(argv, flag)
+    if spec is not None:  # a syntax error in the recipe file, or an exception of its code
+        error = config_lib.recipe_error(e, spec.partition(":")[0])
+        if error is not None:
+            return str(error)
     overrides = _overrides(argv, flag)
     recipe = None
     if spec is not None and overrides:
@@ -121,14 +146,13 @@ def flag_error_line(e: BaseException, argv: Sequence[str], flag: str = "config")
             recipe = None
     if recipe is not None:
         leaves = config_lib.flatten(recipe)
-        sections = {k.rsplit(".", i)[0] for k in leaves for i in range(1, k.count(".") + 1)}
+        sections = config_lib.key_sections(leaves)
         list_cmd = f"python -m jaxrl.config show {spec}"
         for arg, key, value in overrides:
             if key in leaves or key in sections:
                 continue
-            near = config_lib.nearest_key(key, leaves)
-            hint = f"; did you mean `{near}`?" if near else ""
-            return f"unknown config key `{key}` (in {arg}){hint} List the keys with: {list_cmd}"
+            return (f"unknown config key `{key}` (in {arg}); {config_lib.unknown_key_hint(key, leaves)} "
+                    f"List the keys with: {list_cmd}")
         msg = _library_message(e)
         m = re.match(rf"flag --{re.escape(flag)}\.([^=]+)=", msg)
         if m and (m.group(1) in leaves or m.group(1) in sections):

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import ml_collections
 
-from jaxrl.fileio import atomic_write_json
+from jaxrl.fileio import HF_CHECKPOINT_HINT, atomic_write_json, hf_checkpoint_problem
 
 
 class ConfigError(ValueError):
@@ -471,12 +471,61 @@ def nearest_key(key: str, keys) -> Optional[str]:
     return leaves[close[0]] if close else None
 
 
+def key_sections(keys) -> set[str]:
+    """Every section above the dotted leaf `keys` (`trainer`, `trainer.optimizer`, ...)."""
+    return {k.rsplit(".", i)[0] for k in keys for i in range(1, k.count(".") + 1)}
+
+
+def unknown_key_hint(key: str, keys, sections: bool = False) -> str:
+    """What to say about a `key` that is not one of the dotted leaf `keys`: `did you mean `K`?` with
+    the nearest key (`nearest_key`; with `sections`, sections such as `trainer.optimizer` are
+    candidates too), or, when none is close, the top-level names to start from."""
+    keys = list(keys)
+    near = nearest_key(key, [*keys, *sorted(key_sections(keys))] if sections else keys)
+    if near:
+        return f"did you mean `{near}`?"
+    top = sorted({k.split(".", 1)[0] for k in keys})
+    return f"no key is close to it; the top-level keys are {', '.join(top)}."
+
+
+def recipe_error(e: BaseException, path: str) -> Optional[ConfigError]:
+    """A one-line error naming the file and line of a recipe that failed to load, or None.
+
+    `e` is what loading the recipe file `path` raised (compiling it, running it, or its
+    `get_config`), or an exception chained to it (ml_collections re-raises a recipe's TypeError /
+    ValueError with the traceback as text, and defers an OSError behind another): a SyntaxError
+    names its own file and line; any other exception the last line of `path` in its traceback.
+    None when no exception of the chain came from `path`.
+    """
+    import traceback
+
+    target = os.path.realpath(path)
+    seen: set[int] = set()
+    err: Optional[BaseException] = e
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, SyntaxError) and err.filename and os.path.isfile(err.filename):
+            where, line, text = err.filename, err.lineno, err.msg
+        else:
+            line = None
+            for frame, lineno in traceback.walk_tb(err.__traceback__):
+                if os.path.realpath(frame.f_code.co_filename) == target:
+                    line = lineno
+            where, text = path, " ".join(str(err).split())
+        if line is not None:
+            return ConfigError(f"--config: recipe file {where}, line {line}: {type(err).__name__}: {text}. "
+                               f"Fix: correct line {line} of {where}")
+        err = err.__cause__ or err.__context__
+    return None
+
+
 def load_recipe(spec: str) -> ml_collections.ConfigDict:
     """The config of a recipe spec `path/to/recipe.py[:scale]` (what --config=... loads).
 
     Raises:
-      ConfigError: the file does not exist, is not a Python file with `get_config`, or the
-        scale is unknown.
+      ConfigError: the file does not exist, is not a Python file with `get_config`, the
+        scale is unknown, or the file has a syntax error or its code raises (`recipe_error`:
+        the file and line).
     """
     import importlib.util
 
@@ -489,10 +538,18 @@ def load_recipe(spec: str) -> ml_collections.ConfigDict:
     if module_spec is None or module_spec.loader is None:
         raise ConfigError("--config", f"{path!r} is not a Python recipe file", "pass a .py file with get_config()")
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise ConfigError("--config", f"{path!r} defines no get_config()", "pass a recipe such as configs/rloo.py")
-    return module.get_config(arg) if sep else module.get_config()
+    try:
+        module_spec.loader.exec_module(module)
+        if not hasattr(module, "get_config"):
+            raise ConfigError("--config", f"{path!r} defines no get_config()", "pass a recipe such as configs/rloo.py")
+        return module.get_config(arg) if sep else module.get_config()
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any error of the recipe's own code, reported with its line
+        error = recipe_error(e, path)
+        if error is None:
+            raise
+        raise error from None
 
 
 def _a(noun: str) -> str:
@@ -618,9 +675,9 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
         _require(bool(c.model.path), "model.path", f"the {c.scale} scale needs an HF checkpoint",
                  "pass --config.model.path=/path/to/Qwen3-8B (a directory with config.json and *.safetensors)")
     if c.model.path and check_inputs:
-        _require(os.path.isfile(os.path.join(c.model.path, "config.json")), "model.path",
-                 f"{c.model.path!r} is not an HF checkpoint directory (no config.json)",
-                 "point it at a directory written by save_pretrained (config.json + *.safetensors)")
+        problem = hf_checkpoint_problem(c.model.path)
+        _require(problem is None, "model.path", problem, f"point it at {HF_CHECKPOINT_HINT}, or use '' for the "
+                 "embedded default policy")
     # Algorithm names.
     for key, value, kind in (
         ("trainer.algorithm.advantage_estimator", a.advantage_estimator, "advantage_estimator"),
@@ -656,9 +713,9 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
              "use e.g. 2.0 (token) and 5.0 (sequence)")
     _validate_algorithm(c)
     if c.trainer.critic.model.path and check_inputs and needs_critic(c):
-        _require(os.path.isfile(os.path.join(c.trainer.critic.model.path, "config.json")), "trainer.critic.model.path",
-                 f"{c.trainer.critic.model.path!r} is not an HF checkpoint directory (no config.json)",
-                 "point it at a Qwen3 checkpoint written by save_pretrained, or use '' for the policy's")
+        problem = hf_checkpoint_problem(c.trainer.critic.model.path)
+        _require(problem is None, "trainer.critic.model.path", problem,
+                 f"point it at a Qwen3 checkpoint, {HF_CHECKPOINT_HINT}, or use '' for the policy's")
     # Batch sizes (SkyRL semantics: train/mini in prompts, micro in sequences).
     for key in ("train_batch_size", "mini_batch_size", "micro_batch_size", "update_epochs_per_batch", "num_steps"):
         _require(int(t[key]) >= 1, f"trainer.{key}", f"{t[key]} must be >= 1", "use a positive integer")

@@ -53,16 +53,16 @@ def show_lines(spec: str, prefixes: Sequence[str] = ()) -> list[str]:
     """The lines `show` prints: a header, then `key  value  type  meaning` per key (aligned).
 
     Raises:
-      ConfigError: as `load`; or a prefix that starts no key (naming the nearest key).
+      ConfigError: as `load`; or a prefix that starts no key (naming the nearest key or section,
+        or the top-level keys when none is close: `config.unknown_key_hint`).
     """
     flat = load(spec)
     for p in prefixes:
         if not any(k.startswith(p) for k in flat):
-            sections = {k.rsplit(".", i)[0] for k in flat for i in range(1, k.count(".") + 1)}
-            near = config_lib.nearest_key(p, [*flat, *sections])
-            raise config_lib.ConfigError(p, f"no key of {spec} starts with {p!r}",
-                                         "give the start of a dotted key, e.g. trainer.optimizer" +
-                                         (f" (the nearest key is {near})" if near else ""))
+            raise config_lib.ConfigError(f"no key of {spec} starts with {p!r}; "
+                                         f"{config_lib.unknown_key_hint(p, flat, sections=True)} Fix: give the start "
+                                         f"of a dotted key, e.g. trainer.optimizer (every key: "
+                                         f"python -m jaxrl.config show {spec})")
     keys = [k for k in flat if not prefixes or any(k.startswith(p) for p in prefixes)]
     kw = max(3, *(len(k) for k in keys))
     values = {k: _fmt(flat[k]) for k in keys}

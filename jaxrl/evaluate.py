@@ -114,13 +114,23 @@ def main(argv):
     from jaxrl import policy
     from jaxrl.config import ConfigError, write_json_atomic
     from jaxrl.envs import DatasetError
+    from jaxrl.fileio import output_file_problem
 
     model = _MODEL.value
+    problem = _OUTPUT.value and output_file_problem(_OUTPUT.value)
+    if problem:  # before the evaluation, not after it
+        print(f"error: --output: {problem}. Fix: pass a JSON file path in a writable folder", file=sys.stderr)
+        sys.exit(2)
+    if _CONFIG.value is not None:
+        try:
+            _CONFIG.value.name  # noqa: B018 - ml_collections loads the recipe file on first access (OSError if missing)
+        except OSError as e:
+            cli.recipe_load_error(e)
     try:
+        policy.check_model_path(model)
         if _CONFIG.value is not None:
             c, source = _CONFIG.value, next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")),
                                             "--config")
-            c.name  # noqa: B018 - ml_collections loads the recipe file on first access (OSError if missing)
         else:
             path = policy.find_run_config(model)
             if path is None:
@@ -128,12 +138,11 @@ def main(argv):
                                          "--config=<recipe> (e.g. configs/rloo.py) to choose the held-out set")
             c, source = policy.read_run_config(path), path
         r = evaluate_policy(model, c, source)
-    except OSError as e:
-        print(f"error: {str(e).splitlines()[-1].strip()}: the --config recipe file could not be loaded",
-              file=sys.stderr)
-        sys.exit(2)
     except (policy.PolicyError, DatasetError, ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # a file of the model or the held-out set that cannot be read
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)
     print(f"jaxrl evaluate: {r['model']} on the held-out set of {source}: {r['heldout']}")
     print(f"held-out success: {100 * r['success_rate']:.1f}% ({r['num_successes']} of {r['num_prompts']}); "

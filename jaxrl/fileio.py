@@ -1,4 +1,6 @@
 """Atomic file writes: a reader (or a resumed run) sees the old file or the new one, never a part.
+Also the checks of the paths a command is given to write (`output_dir_problem`,
+`output_file_problem`) and to read a model from (`hf_checkpoint_problem`), each a one-line reason.
 
 Files come out with the mode a plain `open(path, "w")` would give them (0666 minus the process
 umask), so teammates on a shared cluster filesystem can read a run directory as usual. (Python's
@@ -9,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from typing import Any
+from typing import Any, Optional
+
+HF_CHECKPOINT_HINT = "an HF-format checkpoint directory (config.json + *.safetensors, as save_pretrained writes)"
 
 
 def _open_new(directory: str, base: str) -> tuple[int, str]:
@@ -62,3 +66,62 @@ def umask_mode(mode: int = 0o666) -> int:
         mask = os.umask(0)
         os.umask(mask)
     return mode & ~mask
+
+
+def _nearest_existing(path: str) -> str:
+    """`path` or its nearest ancestor that exists (`os.path.exists`: false under a regular file)."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    return p
+
+
+def output_dir_problem(path: str) -> Optional[str]:
+    """Why `path` cannot be a directory a command creates (when missing) and writes into, or None.
+
+    Catches, before any work: `path` is a regular file; a component above it is a regular file
+    (`/data/file.txt/run`); `path`, or the nearest existing directory above it, is not writable.
+    """
+    return _creatable(path, os.path.abspath(path))
+
+
+def _creatable(path: str, directory: str) -> Optional[str]:
+    """Why `directory` (the folder `path` is or goes into) cannot be created or written, or None."""
+    if os.path.exists(directory):
+        if not os.path.isdir(directory):
+            return (f"{path} exists and is a file, not a directory" if directory == os.path.abspath(path)
+                    else f"{path} cannot be created: {directory} is a file, not a directory")
+        if not os.access(directory, os.W_OK | os.X_OK):
+            return f"{path} cannot be written: {directory} is a directory this user cannot write to"
+        return None
+    above = _nearest_existing(directory)
+    if not os.path.isdir(above):
+        return f"{path} cannot be created: {above} is a file, not a directory"
+    if not os.access(above, os.W_OK | os.X_OK):
+        return f"{path} cannot be created: {above} is a directory this user cannot write to"
+    return None
+
+
+def output_file_problem(path: str) -> Optional[str]:
+    """Why a file cannot be written at `path` (its folder is created when missing), or None:
+    `path` is a directory, or its folder cannot be created or written (`output_dir_problem`)."""
+    if os.path.isdir(path):
+        return f"{path} is a directory, not a file"
+    return _creatable(path, os.path.dirname(os.path.abspath(path)))
+
+
+def hf_checkpoint_problem(path: str) -> Optional[str]:
+    """Why `path` is not an HF-format checkpoint directory (`HF_CHECKPOINT_HINT`), or None.
+
+    In order: it does not exist; it is a file; it has no config.json; it has no weights
+    (model.safetensors, model.safetensors.index.json or another *.safetensors file).
+    """
+    if not os.path.exists(path):
+        return f"{path!r} does not exist"
+    if not os.path.isdir(path):
+        return f"{path!r} is a file, not a directory"
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return f"{path!r} has no config.json, so it is not an HF-format checkpoint directory"
+    if not any(name.endswith((".safetensors", ".safetensors.index.json")) for name in os.listdir(path)):
+        return f"{path!r} has a config.json but no *.safetensors weights"
+    return None

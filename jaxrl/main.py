@@ -59,9 +59,7 @@ def main(argv):
     try:
         name = config.name
     except OSError as e:  # ml_collections defers a missing/broken recipe file to the first access
-        print(f"error: {str(e).splitlines()[-1].strip()}: the --config recipe file could not be loaded",
-              file=sys.stderr)
-        sys.exit(2)
+        cli.recipe_load_error(e)
     workdir = _WORKDIR.value or os.path.join("runs", name)
     try:
         summary = trainer.run(config, workdir)

@@ -152,9 +152,7 @@ def main(argv):
     try:
         axes = [int(c.mesh.data), int(c.mesh.fsdp), int(c.mesh.tensor)]
     except OSError as e:  # ml_collections defers a missing/broken recipe file to the first access
-        print(f"error: {str(e).splitlines()[-1].strip()}: the --config recipe file could not be loaded",
-              file=sys.stderr)
-        sys.exit(2)
+        cli.recipe_load_error(e)
     n = _NUM_DEVICES.value or (8 if -1 in axes else axes[0] * axes[1] * axes[2])
     if "jax" in sys.modules:
         raise RuntimeError("jaxrl.plan must set the fake device count before jax is imported")

@@ -31,6 +31,26 @@ def is_sync_version(path: str) -> bool:
     return os.path.basename(os.path.normpath(path)).isdigit() and os.path.isfile(os.path.join(path, SYNC_FILE))
 
 
+MODEL_FIX = ("pass {hint} such as a run's best/ or the starting model, or a published version "
+             "WORKDIR/sync/<version>")
+
+
+def check_model_path(model: str) -> None:
+    """Rejects a `--model` path that does not exist or is a file (checked first, so that the
+    message says so rather than that no run config was found next to it).
+
+    Raises:
+      PolicyError: one line naming the path, the problem and what a valid --model is.
+    """
+    from jaxrl.fileio import HF_CHECKPOINT_HINT
+
+    if not os.path.exists(model):
+        raise PolicyError(f"--model {model!r} does not exist. Fix: {MODEL_FIX.format(hint=HF_CHECKPOINT_HINT)}")
+    if not os.path.isdir(model):
+        raise PolicyError(f"--model {model!r} is a file, not a directory. Fix: "
+                          f"{MODEL_FIX.format(hint=HF_CHECKPOINT_HINT)}")
+
+
 def find_run_config(model: str) -> Optional[str]:
     """The `rl_config.json` that belongs to the policy at `model`, or None: `model/rl_config.json`
     (an exported best/), or the workdir's for a published version (`WORKDIR/sync/<v>`)."""
@@ -70,6 +90,9 @@ def read_run_config(path: str) -> ml_collections.ConfigDict:
     try:
         with open(path) as f:
             obj = json.load(f)
+    except FileNotFoundError:
+        raise PolicyError(f"{path}: the run config does not exist. Fix: pass the run's rl_config.json "
+                          "(WORKDIR/rl_config.json or best/rl_config.json)") from None
     except (OSError, json.JSONDecodeError) as e:
         raise PolicyError(f"{path}: cannot read the run config ({e}). Fix: pass the run's rl_config.json") from None
     if not isinstance(obj, dict):
@@ -99,27 +122,27 @@ def load_engine(model: str, c: ml_collections.ConfigDict, *, dtype: Optional[str
       (sampler, tokenizer_dir, description): the engine, the directory whose tokenizer and chat
       template go with it, and a short text naming what was loaded.
     Raises:
-      PolicyError: `model` is neither kind of directory (or has no tokenizer).
+      PolicyError: `model` does not exist, or is neither kind of directory (`check_model_path`,
+        `jaxrl.fileio.hf_checkpoint_problem`), or has no tokenizer.
     """
     from jaxrl.envs import DEFAULT_POLICY_DIR
+    from jaxrl.fileio import HF_CHECKPOINT_HINT, hf_checkpoint_problem
     from jaxrl.rollout.sampler import sampler_from_hf
 
     dtype = dtype or c.model.compute_dtype
-    if not os.path.isdir(model):
-        raise PolicyError(f"--model {model!r} is not a directory. Fix: pass a run's best/ directory, an HF checkpoint "
-                          "or a published version WORKDIR/sync/<version>")
+    check_model_path(model)
     if is_sync_version(model):
         base = c.model.path or DEFAULT_POLICY_DIR
         version = int(os.path.basename(os.path.normpath(model)))
         sampler = sampler_from_hf(base, dtype=dtype, **sampler_kwargs)
         sampler.load_version(os.path.abspath(model), version)
         return sampler, base, f"policy version {version} ({model}) on {base}"
-    if not os.path.isfile(os.path.join(model, "config.json")):
+    problem = hf_checkpoint_problem(model)
+    if problem:
         hint = " (a run directory: use its best/ or sync/<version>)" if os.path.isfile(
             os.path.join(model, "rl_config.json")) else ""
-        raise PolicyError(f"--model {model!r} is neither an HF checkpoint (no config.json) nor a published policy "
-                          f"version (no sync.json){hint}. Fix: pass a run's best/ directory, an HF checkpoint or "
-                          "WORKDIR/sync/<version>")
+        raise PolicyError(f"--model: {problem}, and it is not a published policy version (no sync.json){hint}. "
+                          f"Fix: {MODEL_FIX.format(hint=HF_CHECKPOINT_HINT)}")
     if not any(os.path.isfile(os.path.join(model, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
         raise PolicyError(f"--model {model!r} has no tokenizer (tokenizer.json). Fix: copy the tokenizer files of the "
                           "model it was trained from into it")

@@ -96,6 +96,21 @@ def cmd_run_oracle(args) -> int:
     return 0 if r.reward == (0.0 if args.empty else 1.0) else 1
 
 
+def output_path_problem(args) -> str | None:
+    """One line naming the first output flag (--json, --trials-dir, --extract-dir) whose path
+    cannot be written (`jaxrl.fileio`), with the fix; None when all can."""
+    from jaxrl.fileio import output_dir_problem, output_file_problem
+
+    for flag, attr, check, what in (("--json", "json", output_file_problem, "a JSON file path"),
+                                    ("--trials-dir", "trials_dir", output_dir_problem, "a directory path"),
+                                    ("--extract-dir", "extract_dir", output_dir_problem, "a directory path")):
+        value = getattr(args, attr, None)
+        problem = value and check(value)
+        if problem:
+            return f"{flag}: {problem}. Fix: pass {what} in a writable folder (it is created if missing)"
+    return None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m jaxrl.tasks", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -144,6 +159,10 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if getattr(args, "concurrency", None) is not None and args.concurrency < 1:
         p.error("--concurrency must be >= 1")
+    problem = output_path_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         return args.fn(args)
     except (HarborTaskError, SandboxError, FileNotFoundError, ValueError) as e:

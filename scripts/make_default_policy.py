@@ -67,8 +67,14 @@ MODEL = qwen3.Qwen3Config(
     max_position_embeddings=2048, rope_theta=10_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
     bos_token_id=None, eos_token_id=EOS_ID, dtype="float32", remat="none",
 )
-GENERATION_CONFIG = {"eos_token_id": [EOS_ID, PAD_ID], "pad_token_id": PAD_ID, "do_sample": True,
-                     "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+def generation_config(eos_id: int, pad_id: int) -> dict:
+    """The `generation_config.json` of an embedded policy: stop on `<|im_end|>` or `<|endoftext|>`,
+    sample at temperature 1 with no top-p / top-k (what RL rollouts do)."""
+    return {"eos_token_id": [eos_id, pad_id], "pad_token_id": pad_id, "do_sample": True,
+            "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+
+
+GENERATION_CONFIG = generation_config(EOS_ID, PAD_ID)
 WEIGHT_FILES = ("config.json", "model.safetensors", "generation_config.json")
 CHECK_ATOL = 1e-6
 
@@ -248,8 +254,9 @@ def masked_nll(params, cfg: qwen3.Qwen3Config, batch) -> tuple[jax.Array, jax.Ar
     return -jnp.sum(jnp.where(m, lp, 0.0)), jnp.sum(m.astype(jnp.float32))
 
 
-def make_optimizer(s: Settings) -> optax.GradientTransformation:
-    """Global-norm clip, then AdamW with a linear warm-up to `s.lr` and a constant rate after it."""
+def make_optimizer(s) -> optax.GradientTransformation:
+    """Global-norm clip, then AdamW with a linear warm-up to `s.lr` and a constant rate after it
+    (`s`: a `Settings`, or any settings with `lr`, `warmup_steps`, `weight_decay`, `max_grad_norm`)."""
     schedule = optax.join_schedules(
         [optax.linear_schedule(0.0, s.lr, max(s.warmup_steps, 1)), optax.constant_schedule(s.lr)],
         [max(s.warmup_steps, 1)])
@@ -277,6 +284,35 @@ def make_train_step(cfg: qwen3.Qwen3Config, opt: optax.GradientTransformation):
     return step
 
 
+def warm_start(cfg: qwen3.Qwen3Config, settings, next_batches, steps: int, log_every: int = 0) -> tuple[dict, list[float]]:
+    """The supervised warm start shared by the embedded policies' build scripts.
+
+    Args:
+      cfg: the architecture; its params are initialized with `qwen3.init_params(cfg, settings.seed)`.
+      settings: `seed` and the optimizer's hyper-parameters (`make_optimizer`).
+      next_batches: `() -> tuple of make_batch batches`, the next step's batches (their loss is the
+        token mean over all of them, `make_train_step`).
+      steps: optimizer steps.
+      log_every: print the mean loss every this many steps (0 = silent).
+    Returns:
+      `(params, losses)`: fp32 params in the `qwen3` layout (host), the loss of every step.
+    """
+    opt = make_optimizer(settings)
+    with jax.default_matmul_precision("highest"):
+        params = qwen3.init_params(cfg, seed=settings.seed)
+        opt_state = opt.init(params)
+        step_fn = make_train_step(cfg, opt)
+        losses: list[float] = []
+        t0 = time.perf_counter()
+        for i in range(steps):
+            params, opt_state, loss = step_fn(params, opt_state, next_batches())
+            losses.append(float(loss))
+            if log_every and (i + 1) % log_every == 0:
+                print(f"step {i + 1:4d}  loss {np.mean(losses[-log_every:]):.4f}  "
+                      f"{time.perf_counter() - t0:6.1f}s", flush=True)
+    return jax.device_get(params), losses
+
+
 def train(settings: Settings = Settings(), steps: Optional[int] = None, log_every: int = 0) -> tuple[dict, list[float]]:
     """Runs the warm start; returns `(params, losses)` (fp32 params in the `qwen3` layout).
 
@@ -285,44 +321,41 @@ def train(settings: Settings = Settings(), steps: Optional[int] = None, log_ever
       steps: overrides `settings.steps` (tests run a few steps).
       log_every: print the mean loss every this many steps (0 = silent).
     """
-    steps = settings.steps if steps is None else steps
     chat = ChatTemplate.from_pretrained(DEFAULT_POLICY_DIR, enable_thinking=False)
     rng = np.random.default_rng(settings.seed)
     arith = ExampleStream(chat, get_task_suite("arithmetic").dataset("train"), arithmetic_example, rng)
     calc = ExampleStream(chat, get_task_suite("calculator").dataset("train"), calculator_example, rng)
     arith_prefix, calc_prefix = task_prefix(chat, "arithmetic"), task_prefix(chat, "calculator")
-    opt = make_optimizer(settings)
-    with jax.default_matmul_precision("highest"):
-        params = qwen3.init_params(MODEL, seed=settings.seed)
-        opt_state = opt.init(params)
-        step_fn = make_train_step(MODEL, opt)
-        losses: list[float] = []
-        t0 = time.perf_counter()
-        for i in range(steps):
-            batches = (make_batch(arith.take(settings.batch_size), ARITH_LEN, arith_prefix),)
-            if settings.calculator_batch_size:
-                batches += (make_batch(calc.take(settings.calculator_batch_size), CALC_LEN, calc_prefix),)
-            params, opt_state, loss = step_fn(params, opt_state, batches)
-            losses.append(float(loss))
-            if log_every and (i + 1) % log_every == 0:
-                print(f"step {i + 1:4d}  loss {np.mean(losses[-log_every:]):.4f}  "
-                      f"{time.perf_counter() - t0:6.1f}s", flush=True)
-    return jax.device_get(params), losses
+
+    def next_batches():
+        batches = (make_batch(arith.take(settings.batch_size), ARITH_LEN, arith_prefix),)
+        if settings.calculator_batch_size:
+            batches += (make_batch(calc.take(settings.calculator_batch_size), CALC_LEN, calc_prefix),)
+        return batches
+
+    return warm_start(MODEL, settings, next_batches, settings.steps if steps is None else steps, log_every)
 
 
 # ---- writing / checking -------------------------------------------------------------------------
+
+def write_weights(params: dict, cfg: qwen3.Qwen3Config, out_dir: str, generation: dict,
+                  tokenizer_dir: Optional[str] = None) -> list[str]:
+    """Writes `config.json`, `model.safetensors` (float32, mode 0644) and `generation_config.json`
+    (`generation`) to `out_dir`; with `tokenizer_dir` also copies its tokenizer files. Returns the
+    written file names."""
+    written = hf_io.save_hf_checkpoint(params, cfg, out_dir, dtype="float32", tokenizer_dir=tokenizer_dir)
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+        json.dump(generation, f, indent=2)
+        f.write("\n")
+    os.chmod(os.path.join(out_dir, hf_io.SAFE_SINGLE), 0o644)
+    return list(dict.fromkeys(written + ["generation_config.json"]))
+
 
 def write_policy(params: dict, out_dir: str, with_tokenizer: bool = False) -> list[str]:
     """Writes `config.json`, `model.safetensors` (float32) and `generation_config.json` to
     `out_dir`; with `with_tokenizer` also copies the tokenizer files of `DEFAULT_POLICY_DIR`.
     Returns the written file names."""
-    written = hf_io.save_hf_checkpoint(params, MODEL, out_dir, dtype="float32",
-                                       tokenizer_dir=DEFAULT_POLICY_DIR if with_tokenizer else None)
-    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
-        json.dump(GENERATION_CONFIG, f, indent=2)
-        f.write("\n")
-    os.chmod(os.path.join(out_dir, hf_io.SAFE_SINGLE), 0o644)
-    return list(dict.fromkeys(written + ["generation_config.json"]))
+    return write_weights(params, MODEL, out_dir, GENERATION_CONFIG, DEFAULT_POLICY_DIR if with_tokenizer else None)
 
 
 def file_sha256(path: str) -> str:
@@ -331,15 +364,45 @@ def file_sha256(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def reference_logits(policy_dir: str) -> np.ndarray:
-    """float32 logits `[4, 64, 512]` of a policy on four fixed held-out prompts + answers (jaxrl forward)."""
-    chat = ChatTemplate.from_pretrained(DEFAULT_POLICY_DIR)
-    tasks = get_task_suite("arithmetic").dataset("eval", num=4)
-    batch = make_batch([arithmetic_example(chat, t) for t in tasks], 64)
+def logits_on(policy_dir: str, examples: Sequence[tuple[list[int], list[int]]], length: int) -> np.ndarray:
+    """float32 logits `[len(examples), length, V]` of the policy in `policy_dir` on `examples`
+    (`make_batch` rows, no prefix; jaxrl forward at full matmul precision)."""
+    batch = make_batch(examples, length)
     cfg, params = hf_io.load_hf_checkpoint(policy_dir, dtype="float32", remat="none")
     with jax.default_matmul_precision("highest"):
         logits = qwen3.forward(params, cfg, batch["tokens"], batch["positions"], batch["segment_ids"])
     return np.asarray(logits)
+
+
+def reference_logits(policy_dir: str) -> np.ndarray:
+    """float32 logits `[4, 64, 512]` of a policy on four fixed held-out prompts + answers (jaxrl forward)."""
+    chat = ChatTemplate.from_pretrained(DEFAULT_POLICY_DIR)
+    tasks = get_task_suite("arithmetic").dataset("eval", num=4)
+    return logits_on(policy_dir, [arithmetic_example(chat, t) for t in tasks], 64)
+
+
+def compare_built(built_dir: str, policy_dir: str, same_files: Sequence[str], reference_logits_fn,
+                  stop_on_file_difference: bool = False) -> bool:
+    """Whether the policy rebuilt in `built_dir` reproduces `policy_dir` (prints each finding).
+
+    Equal when the files `same_files` are identical and either the model.safetensors bytes are
+    identical or `reference_logits_fn(dir)` of the two agree to `CHECK_ATOL`. With
+    `stop_on_file_difference`, the logits are not compared once a file differs.
+    """
+    ok = True
+    for fn in same_files:
+        a, b = os.path.join(built_dir, fn), os.path.join(policy_dir, fn)
+        if not (os.path.isfile(a) and os.path.isfile(b) and file_sha256(a) == file_sha256(b)):
+            print(f"DIFFERENT: {fn}")
+            ok = False
+    new_hash = file_sha256(os.path.join(built_dir, "model.safetensors"))
+    old_hash = file_sha256(os.path.join(policy_dir, "model.safetensors"))
+    print(f"model.safetensors sha256 shipped {old_hash[:16]}  rebuilt {new_hash[:16]}")
+    if new_hash != old_hash and (ok or not stop_on_file_difference):
+        diff = float(np.max(np.abs(reference_logits_fn(built_dir) - reference_logits_fn(policy_dir))))
+        print(f"weights differ in bytes; max |logit difference| = {diff:.3g} (tolerance {CHECK_ATOL})")
+        ok = ok and diff <= CHECK_ATOL
+    return ok
 
 
 def check(settings: Settings, policy_dir: str = DEFAULT_POLICY_DIR) -> bool:
@@ -351,18 +414,7 @@ def check(settings: Settings, policy_dir: str = DEFAULT_POLICY_DIR) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         params, _ = train(settings)
         write_policy(params, tmp)
-        ok = True
-        for fn in ("config.json", "generation_config.json"):
-            if file_sha256(os.path.join(tmp, fn)) != file_sha256(os.path.join(policy_dir, fn)):
-                print(f"DIFFERENT: {fn}")
-                ok = False
-        new_hash = file_sha256(os.path.join(tmp, "model.safetensors"))
-        old_hash = file_sha256(os.path.join(policy_dir, "model.safetensors"))
-        print(f"model.safetensors sha256 shipped {old_hash[:16]}  rebuilt {new_hash[:16]}")
-        if new_hash != old_hash:
-            diff = float(np.max(np.abs(reference_logits(tmp) - reference_logits(policy_dir))))
-            print(f"weights differ in bytes; max |logit difference| = {diff:.3g} (tolerance {CHECK_ATOL})")
-            ok = ok and diff <= CHECK_ATOL
+        ok = compare_built(tmp, policy_dir, ("config.json", "generation_config.json"), reference_logits)
     print("OK: the shipped policy is reproduced" if ok else "FAILED: the shipped policy is not reproduced")
     return ok
 

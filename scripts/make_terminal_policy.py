@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import filecmp
 import json
 import os
 import random
@@ -76,7 +75,7 @@ VOCAB_SIZE = 1024
 SEED = 0
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 WEIGHT_FILES = ("config.json", "model.safetensors", "generation_config.json")
-CHECK_ATOL = 1e-6
+CHECK_ATOL = mdp.CHECK_ATOL
 EVAL_TEMPERATURE = 0.7  # configs/terminal.py samples (and evaluates) at the seed runs' temperature
 ANALYSIS_1, PLAN_1 = "New task.", "Run the commands."
 ANALYSIS_2, PLAN_2 = "Done.", "Confirm."
@@ -213,8 +212,8 @@ def write_tokenizer(out_dir: str, seed: int = SEED) -> None:
 
 def train(tokenizer_dir: str, settings: Settings = Settings(), steps: Optional[int] = None,
           log_every: int = 0) -> tuple[dict, qwen3.Qwen3Config, list[float]]:
-    """Runs the warm start with the tokenizer in `tokenizer_dir`; returns (params, config, losses)."""
-    steps = settings.steps if steps is None else steps
+    """Runs the warm start (`make_default_policy.warm_start`) with the tokenizer in
+    `tokenizer_dir`; returns (params, config, losses)."""
     chat = ChatTemplate(load_tokenizer(tokenizer_dir), enable_thinking=False)
     cfg = model_config(len(chat.tokenizer), chat.turn_end_id)
     rng = np.random.default_rng(settings.seed)
@@ -223,34 +222,16 @@ def train(tokenizer_dir: str, settings: Settings = Settings(), steps: Optional[i
     prefix = mdp.common_prefix(pair)
     length = max(len(episode_example(chat, make_task(FAMILY, s))[0]) for s in TRAIN_SEEDS) - len(prefix)
     length = -(-length // 8) * 8
-    opt = mdp.make_optimizer(mdp.Settings(lr=settings.lr, warmup_steps=settings.warmup_steps,
-                                          weight_decay=settings.weight_decay, max_grad_norm=settings.max_grad_norm))
-    with jax.default_matmul_precision("highest"):
-        params = qwen3.init_params(cfg, seed=settings.seed)
-        opt_state = opt.init(params)
-        step_fn = mdp.make_train_step(cfg, opt)
-        losses: list[float] = []
-        t0 = time.perf_counter()
-        for i in range(steps):
-            batch = mdp.make_batch(stream.take(settings.batch_size), length, prefix)
-            params, opt_state, loss = step_fn(params, opt_state, (batch,))
-            losses.append(float(loss))
-            if log_every and (i + 1) % log_every == 0:
-                print(f"step {i + 1:4d}  loss {np.mean(losses[-log_every:]):.4f}  {time.perf_counter() - t0:6.1f}s",
-                      flush=True)
-    return jax.device_get(params), cfg, losses
+    params, losses = mdp.warm_start(cfg, settings, lambda: (mdp.make_batch(stream.take(settings.batch_size), length,
+                                                                           prefix),),
+                                    settings.steps if steps is None else steps, log_every)
+    return params, cfg, losses
 
 
 def write_policy(params: dict, cfg: qwen3.Qwen3Config, out_dir: str) -> list[str]:
     """Writes `config.json`, `model.safetensors` (float32) and `generation_config.json` to `out_dir`."""
-    written = hf_io.save_hf_checkpoint(params, cfg, out_dir, dtype="float32")
     pad = load_tokenizer(out_dir).convert_tokens_to_ids("<|endoftext|>")
-    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
-        json.dump({"eos_token_id": [cfg.eos_token_id, pad], "pad_token_id": pad, "do_sample": True,
-                   "temperature": 1.0, "top_p": 1.0, "top_k": 0}, f, indent=2)
-        f.write("\n")
-    os.chmod(os.path.join(out_dir, hf_io.SAFE_SINGLE), 0o644)
-    return list(dict.fromkeys(written + ["generation_config.json"]))
+    return mdp.write_weights(params, cfg, out_dir, mdp.generation_config(cfg.eos_token_id, pad))
 
 
 def build(out_dir: str, settings: Settings = Settings(), log_every: int = 0) -> dict:
@@ -266,11 +247,7 @@ def reference_logits(policy_dir: str) -> np.ndarray:
     """float32 logits of a policy on four held-out oracle episodes (jaxrl forward)."""
     chat = ChatTemplate(load_tokenizer(policy_dir), enable_thinking=False)
     examples = [episode_example(chat, make_task(FAMILY, s)) for s in HELD_OUT_SEEDS[:4]]
-    batch = mdp.make_batch(examples, max(len(e[0]) for e in examples))
-    cfg, params = hf_io.load_hf_checkpoint(policy_dir, dtype="float32", remat="none")
-    with jax.default_matmul_precision("highest"):
-        logits = qwen3.forward(params, cfg, batch["tokens"], batch["positions"], batch["segment_ids"])
-    return np.asarray(logits)
+    return mdp.logits_on(policy_dir, examples, max(len(e[0]) for e in examples))
 
 
 def check(settings: Settings, policy_dir: str = TERMINAL_POLICY_DIR) -> bool:
@@ -278,20 +255,8 @@ def check(settings: Settings, policy_dir: str = TERMINAL_POLICY_DIR) -> bool:
     identical, and the weights identical in bytes or in logits to `CHECK_ATOL`."""
     with tempfile.TemporaryDirectory() as tmp:
         build(tmp, settings)
-        ok = True
-        _, mismatch, errors = filecmp.cmpfiles(policy_dir, tmp, list(TOKENIZER_FILES) + ["config.json",
-                                                                                         "generation_config.json"],
-                                               shallow=False)
-        for fn in mismatch + errors:
-            print(f"DIFFERENT: {fn}")
-            ok = False
-        new_hash = mdp.file_sha256(os.path.join(tmp, "model.safetensors"))
-        old_hash = mdp.file_sha256(os.path.join(policy_dir, "model.safetensors"))
-        print(f"model.safetensors sha256 shipped {old_hash[:16]}  rebuilt {new_hash[:16]}")
-        if ok and new_hash != old_hash:
-            diff = float(np.max(np.abs(reference_logits(tmp) - reference_logits(policy_dir))))
-            print(f"weights differ in bytes; max |logit difference| = {diff:.3g} (tolerance {CHECK_ATOL})")
-            ok = diff <= CHECK_ATOL
+        ok = mdp.compare_built(tmp, policy_dir, list(TOKENIZER_FILES) + ["config.json", "generation_config.json"],
+                               reference_logits, stop_on_file_difference=True)
     print("OK: the shipped terminal policy is reproduced" if ok else "FAILED: the shipped policy is not reproduced")
     return ok
 

@@ -52,3 +52,15 @@ class ScriptedGenerator:
                 comps.append(Completion(ids, logprobs, finish, self.policy_version))
             out.append(comps)
         return out
+
+
+class ScriptedTurns:
+    """A `Generator` that answers every request with the next scripted turn (token ids), `n`
+    identical stop-ended completions per prompt (logprobs 0)."""
+
+    def __init__(self, turns):
+        self.turns = list(turns)
+
+    def generate(self, prompts, params: SamplingParams):
+        ids = self.turns.pop(0)
+        return [[Completion(list(ids), [0.0] * len(ids), "stop") for _ in range(params.n)] for _ in prompts]

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+from config_helpers import with_keys
 from jaxrl.config import ConfigError, validate
 from jaxrl.envs import Trajectory
 from jaxrl.rollout import weight_sync
@@ -202,14 +203,8 @@ def test_one_step_mode_trains_each_batch_exactly_one_version_stale_and_no_episod
 # ---------------------------------------------------------------------------------------------
 
 def _async_config(**kv):
-    c = rloo.get_config()
-    for key, value in kv.items():
-        node = c
-        *path, last = key.split(".")
-        for part in path:
-            node = node[part]
-        node[last] = value
-    return c
+    """configs/rloo.py with dotted overrides."""
+    return with_keys(rloo.get_config(), **kv)
 
 
 def test_async_config_with_a_loss_that_is_not_rollout_anchored_is_refused_in_one_line():

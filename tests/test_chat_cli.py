@@ -172,7 +172,7 @@ def test_chat_without_a_model_is_one_line():
     out = subprocess.run([sys.executable, "-m", "jaxrl.chat", "--model", "/nonexistent"], cwd=ROOT, env=ENV,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert "is not a directory" in out.stderr
+    assert "--model '/nonexistent' does not exist" in out.stderr
     help_ = subprocess.run([sys.executable, "-m", "jaxrl.chat", "--help"], cwd=ROOT, env=ENV, capture_output=True,
                            text=True, timeout=120)
     assert help_.returncode == 0 and "--prompt" in help_.stdout

@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+from config_helpers import set_key
 from jaxrl.config import ConfigError, validate
 from jaxrl.envs import DEFAULT_POLICY_DIR
 from jaxrl.train import trainer
@@ -17,16 +18,6 @@ import grpo  # noqa: E402
 import rloo  # noqa: E402
 import seqmean  # noqa: E402
 import symclip  # noqa: E402
-
-
-def _with(c, key, value):
-    """`c` with the dotted `key` set to `value` (as --config.key=value would)."""
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-        node = node[p]
-    node[leaf] = value
-    return c
 
 
 def test_recipes_hold_the_published_settings():
@@ -62,10 +53,10 @@ def test_recipes_hold_the_published_settings():
     ("generator.sampling_params.top_p", 0.0, "in \\(0, 1\\]"),
     ("generator.sampling_params.temperature", 0.001, "must be finite and >= 0.01"),
     ("generator.eval_sampling_params.temperature", 0.0, "must be finite and >= 0.01"),
-    ("model.path", "/nonexistent/ckpt", "not an HF checkpoint"),
+    ("model.path", "/nonexistent/ckpt", "'/nonexistent/ckpt' does not exist"),
 ])
 def test_invalid_values_name_the_key_and_the_fix(key, value, match):
-    c = _with(rloo.get_config(), key, value)
+    c = set_key(rloo.get_config(), key, value)
     with pytest.raises(ConfigError, match=match) as e:
         validate(c)
     assert e.value.key == key and "Fix:" in str(e.value)
@@ -130,7 +121,7 @@ def test_trainer_rejects_bad_config_before_writing_anything(tmp_path):
 ])
 def test_review_found_values_are_rejected_up_front(key, value, match):
     """Regression: these were accepted and failed (or silently ran) after the run directory existed."""
-    c = _with(rloo.get_config(), key, value)
+    c = set_key(rloo.get_config(), key, value)
     with pytest.raises(ConfigError, match=match) as e:
         validate(c)
     assert e.value.key == key
@@ -213,27 +204,27 @@ def test_issue9_silent_mismatches_are_config_errors(key, value, match):
     """Regression (issue 9 §1, §7): a trainer temperature other than the sampling temperature
     (0.6 vs 1.0 put the ratio in 0.62-2.25 at equal weights) and a dataset path that the
     built-in task ignores were accepted silently."""
-    c = _with(rloo.get_config(), key, value)
+    c = set_key(rloo.get_config(), key, value)
     with pytest.raises(ConfigError, match=match) as e:
         validate(c)
     assert e.value.key == key and "Fix:" in str(e.value)
 
 
 def test_temperature_mismatch_needs_the_explicit_opt_in():
-    c = _with(rloo.get_config(), "trainer.algorithm.temperature", 0.6)
+    c = set_key(rloo.get_config(), "trainer.algorithm.temperature", 0.6)
     c.trainer.algorithm.allow_temperature_mismatch = True
     validate(c)
     with pytest.raises(ConfigError, match="allow_temperature_mismatch=True"):
-        validate(_with(rloo.get_config(), "generator.sampling_params.temperature", 0.7))
+        validate(set_key(rloo.get_config(), "generator.sampling_params.temperature", 0.7))
 
 
 def test_zero_eval_prompts_means_no_eval_tasks():
     """Regression (issue 9 §7): num_eval_prompts=0 ("0 skips evaluation") crashed in the task's
     dataset call."""
-    c = _with(rloo.get_config(), "data.num_eval_prompts", 0)
+    c = set_key(rloo.get_config(), "data.num_eval_prompts", 0)
     validate(c)
     assert trainer.PromptSource(c).eval_batch() == []
-    assert len(trainer.PromptSource(_with(rloo.get_config(), "data.num_eval_prompts", 3)).eval_batch()) == 3
+    assert len(trainer.PromptSource(set_key(rloo.get_config(), "data.num_eval_prompts", 3)).eval_batch()) == 3
 
 
 @pytest.mark.parametrize("content,match", [

@@ -68,7 +68,7 @@ def test_show_filters_by_prefix_and_names_the_nearest_key_for_a_typo():
     assert keys == sorted(k for k in _leaves(base_config()) if k.startswith("trainer.optimizer"))
     bad = _run("jaxrl.config", "show", "configs/rloo.py", "trainer.optimzer")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
-    assert "the nearest key is trainer.optimizer" in bad.stderr
+    assert "did you mean `trainer.optimizer`?" in bad.stderr
 
 
 def test_diff_prints_exactly_the_keys_two_recipes_set_differently(tmp_path):

@@ -6,34 +6,19 @@ loop produces (so the warm start trains on what RL samples), the training loss a
 numpy reference, determinism of the training, the held-out success rate, and (slow) that the
 script reproduces the shipped weights.
 """
-import importlib.util
-import json
-import os
-import sys
-
-import jax
 import numpy as np
 import pytest
 
+from envs_fakes import ScriptedTurns
 from jaxrl.envs.base import RolloutConfig, run_rollouts
 from jaxrl.envs.chat import DEFAULT_POLICY_DIR, ChatTemplate
 from jaxrl.envs.tasks import get_task_suite
 from jaxrl.models import hf_io, qwen3
-from jaxrl.rollout.types import Completion, SamplingParams
+from jaxrl.rollout.types import SamplingParams
+from policy_helpers import (assert_deterministic_and_learning, assert_transformers_logits_match, load_script,
+                            shipped_config)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("make_default_policy",
-                                                  os.path.join(REPO, "scripts", "make_default_policy.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-mdp = _load_script()
+mdp = load_script("make_default_policy")
 
 
 @pytest.fixture(scope="module")
@@ -44,19 +29,11 @@ def chat():
 # ---- shipped files ----------------------------------------------------------------------------
 
 def test_shipped_files_and_size():
-    names = set(os.listdir(DEFAULT_POLICY_DIR))
-    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-            "tokenizer_config.json"} <= names
-    total = sum(os.path.getsize(os.path.join(DEFAULT_POLICY_DIR, n)) for n in names)
-    assert total <= 20 * 2**20, f"default policy is {total / 2**20:.1f} MiB > 20 MiB"
-    with open(os.path.join(DEFAULT_POLICY_DIR, "config.json")) as f:
-        cfg = json.load(f)
-    assert cfg["model_type"] == "qwen3" and cfg["architectures"] == ["Qwen3ForCausalLM"]
+    cfg, gen = shipped_config(DEFAULT_POLICY_DIR, {"config.json", "model.safetensors", "generation_config.json",
+                                                   "tokenizer.json", "tokenizer_config.json"}, max_mib=20)
     assert cfg["vocab_size"] == 512 and cfg["eos_token_id"] == 505
     assert cfg["num_attention_heads"] % cfg["num_key_value_heads"] == 0
     assert cfg["num_attention_heads"] > cfg["num_key_value_heads"], "expected grouped-query attention"
-    with open(os.path.join(DEFAULT_POLICY_DIR, "generation_config.json")) as f:
-        gen = json.load(f)
     assert gen["eos_token_id"] == [505, 503] and gen["pad_token_id"] == 503
     with hf_io.HFCheckpoint(DEFAULT_POLICY_DIR) as ckpt:
         assert all(ckpt.get(n).dtype == np.float32 for n in ckpt.names)
@@ -69,43 +46,18 @@ def test_tokenizer_ids_match_generation_config(chat):
 
 
 def test_loads_in_transformers_and_jaxrl_with_matching_logits(chat):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(DEFAULT_POLICY_DIR, local_files_only=True).eval()
-    assert type(model).__name__ == "Qwen3ForCausalLM"
-    assert next(model.parameters()).dtype == torch.float32
     tasks = get_task_suite("arithmetic").dataset("eval", num=3) + get_task_suite("calculator").dataset("eval", num=1)
     seqs = [mdp.arithmetic_example(chat, t)[0] for t in tasks[:3]] + [mdp.calculator_example(chat, tasks[3])[0]]
-    cfg, params = hf_io.load_hf_checkpoint(DEFAULT_POLICY_DIR, dtype="float32", remat="none")
-    for ids in seqs:
-        tokens = np.asarray([ids], np.int32)
-        with torch.no_grad():
-            ref = model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
-        ours = np.asarray(qwen3.forward(params, cfg, tokens, np.arange(len(ids), dtype=np.int32)[None],
-                                        np.ones_like(tokens)))
-        assert ours.shape == ref.shape == (1, len(ids), 512)
-        assert np.max(np.abs(ours - ref)) <= 1e-4
+    assert_transformers_logits_match(DEFAULT_POLICY_DIR, seqs)  # vocabulary 512 (test_shipped_files_and_size)
 
 
 # ---- the training examples are the rollout's token streams ---------------------------------------
-
-class _Scripted:
-    """A generator that answers every request with the next scripted turn (token ids)."""
-
-    def __init__(self, turns):
-        self.turns = list(turns)
-
-    def generate(self, prompts, params):
-        ids = self.turns.pop(0)
-        return [[Completion(list(ids), [0.0] * len(ids), "stop") for _ in range(params.n)] for _ in prompts]
-
 
 def test_arithmetic_example_is_the_rollout_token_stream(chat):
     task = get_task_suite("arithmetic").dataset("train", num=1, seed=3)[0]
     answer = str(eval(f"{task.metadata['a']}{task.metadata['op']}{task.metadata['b']}"))
     turn = chat.encode_text(f"<answer>{answer}</answer>") + [505]
-    (traj,) = run_rollouts(_Scripted([turn]), chat, [task], SamplingParams(), RolloutConfig(max_tokens_per_turn=16))
+    (traj,) = run_rollouts(ScriptedTurns([turn]), chat, [task], SamplingParams(), RolloutConfig(max_tokens_per_turn=16))
     assert traj.reward == 1.0
     ids, flags = mdp.arithmetic_example(chat, task)
     assert ids == list(traj.prompt_ids) + list(traj.response_ids)
@@ -117,7 +69,7 @@ def test_calculator_example_is_the_rollout_token_stream(chat):
     a, b = task.metadata["a"], task.metadata["b"]
     call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%d * %d"}}\n</tool_call>' % (a, b)
     turns = [chat.encode_text(call) + [505], chat.encode_text(f"<answer>{a * b}</answer>") + [505]]
-    (traj,) = run_rollouts(_Scripted(turns), chat, [task], SamplingParams(),
+    (traj,) = run_rollouts(ScriptedTurns(turns), chat, [task], SamplingParams(),
                            RolloutConfig(max_turns=3, max_tokens_per_turn=64, max_seq_len=512))
     assert traj.reward == 1.0 and traj.num_turns == 2 and traj.info["num_tool_calls"] == 1
     ids, flags = mdp.calculator_example(chat, task)
@@ -152,12 +104,7 @@ def test_masked_nll_matches_float64_reference(chat):
 
 def test_training_is_deterministic_and_lowers_the_loss():
     s = mdp.Settings(calculator_batch_size=1, batch_size=8)
-    p1, l1 = mdp.train(s, steps=4)
-    p2, l2 = mdp.train(s, steps=4)
-    assert l1 == l2
-    for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):
-        np.testing.assert_array_equal(a, b)
-    assert l1[-1] < l1[0]
+    assert_deterministic_and_learning(lambda: mdp.train(s, steps=4))
 
 
 # ---- behaviour of the shipped policy ------------------------------------------------------------

@@ -209,3 +209,44 @@ def test_a_damaged_older_best_checkpoint_is_re_chosen_when_it_is_restored(tmp_pa
         ck.restore_best(state)
     assert str(tmp_path / "checkpoints") in str(e.value) and "\n" not in str(e.value)
     ck.close()
+
+
+def test_wall_time_counts_every_launch_of_a_resumed_run(tmp_path, capsys):
+    """A run killed and resumed reported only the last process's time (report.md and the console
+    summary). Two launches on fake clocks: the first runs 30 s and is killed after saving at 25 s,
+    the second runs 50 s; the run's wall time is 25 + 50 s over 2 launches."""
+    from jaxrl.config import base_config
+    from jaxrl.train.report import report_text, summary_text
+    from jaxrl.train.rundir import WALL_TIME_FILE, TrainerState, WallClock
+
+    now = [100.0]
+    first = WallClock(str(tmp_path), clock=lambda: now[0])
+    assert (first.total(), first.launches) == (0.0, 1)  # a new run
+    now[0] = 125.0
+    first.save()  # after a step
+    now[0] = 130.0  # killed here: the 5 s after the last save are not recorded
+    assert json.load(open(tmp_path / WALL_TIME_FILE)) == {"seconds": 25.0, "launches": 1}
+    assert [p.name for p in tmp_path.iterdir()] == [WALL_TIME_FILE]  # atomic write: no temp file left
+
+    now[0] = 1000.0  # the second launch's clock starts anywhere
+    second = WallClock(str(tmp_path), clock=lambda: now[0])
+    now[0] = 1050.0
+    assert (second.elapsed(), second.total(), second.launches) == (50.0, 75.0, 2)
+    second.save()
+    assert json.load(open(tmp_path / WALL_TIME_FILE)) == {"seconds": 75.0, "launches": 2}
+
+    summary = {"last_step": 4, "best_step": 2, "best_ema": 0.5, "wall_s": second.total(), "launches": second.launches,
+               "heldout": ""}
+    assert "steps: 4 in 1.2 min over 2 launches (resumed 1 time);" in summary_text(summary, str(tmp_path))
+    c = base_config()
+    c.data.num_eval_prompts = 0
+    report = report_text(c, summary, [], TrainerState(), collapsed=False)
+    assert f"- steps run: 4 of {c.trainer.num_steps}; wall time 1.2 min over 2 launches (resumed 1 time)" in report
+    assert "in 0.5 min;" in summary_text({**summary, "wall_s": 30.0, "launches": 1}, str(tmp_path))
+
+    # A damaged file: one warning line naming it, and the time of this launch only.
+    (tmp_path / WALL_TIME_FILE).write_text('{"seconds": -3, "launches": 1}')
+    third = WallClock(str(tmp_path), clock=lambda: now[0])
+    assert (third.total(), third.launches) == (0.0, 1)
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and str(tmp_path / WALL_TIME_FILE) in err, err

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from harbor_helpers import write_task_dir
+from config_helpers import set_key
 from jaxrl.config import ConfigError, validate
 from jaxrl.envs.harbor import SHIPPED_TASKS_DIR, Outcome
 
@@ -93,12 +94,7 @@ def test_harbor_config_keys_are_validated(tmp_path):
         ("generator.max_input_tokens", -1, "must be >= 0"),
         ("data.eval_task", "arithmetic", "cannot evaluate a Harbor run"),
     ]:
-        c = terminal.get_config()
-        parts = key.split(".")
-        node = c
-        for p in parts[:-1]:
-            node = node[p]
-        node[parts[-1]] = value
+        c = set_key(terminal.get_config(), key, value)
         with pytest.raises(ConfigError, match=match) as e:
             validate(c)
         assert e.value.key == key, (key, e.value.key)

@@ -26,20 +26,52 @@ def _batch(n=8, t=12, seed=0):
     return dict(tokens=tokens, positions=pos, segment_ids=seg, loss_mask=loss_mask, advantages=adv)
 
 
+def _abstract_inputs(B: int, T: int):
+    """(batch, loss weights) of a [B, T] train step as ShapeDtypeStructs (for tracing / AOT compiles)."""
+    i32 = jax.ShapeDtypeStruct((B, T), jnp.int32)
+    f32 = jax.ShapeDtypeStruct((B, T - 1), jnp.float32)
+    batch = dict(tokens=i32, positions=i32, segment_ids=i32, loss_mask=jax.ShapeDtypeStruct((B, T - 1), jnp.int32),
+                 advantages=f32, old_logprobs=f32)
+    weights = losses.LossWeights(policy=f32, token=f32, sequence_token=f32,
+                                 sequence=jax.ShapeDtypeStruct((B,), jnp.float32))
+    return batch, weights
+
+
+def _step_fn(cfg, scfg, tx, sched):
+    """`(params, opt_state, batch, weights) -> step_lib.train_step(...)` for `cfg` and `scfg`."""
+    return lambda p, o, b, w: step_lib.train_step(p, o, b, w, model_cfg=cfg, step_cfg=scfg, tx=tx, schedule=sched)
+
+
+def _step_jaxpr(cfg, scfg, B: int, T: int):
+    """The jaxpr of one train step (lr 1e-3, 10 steps) of `cfg` on abstract [B, T] inputs."""
+    params = qwen3.abstract_params(cfg)
+    tx, sched = step_lib.make_optimizer(1e-3, 10)
+    batch, weights = _abstract_inputs(B, T)
+    return jax.make_jaxpr(_step_fn(cfg, scfg, tx, sched))(params, jax.eval_shape(tx.init, params), batch,
+                                                          weights).jaxpr
+
+
 def _with_old_logprobs(params, batch):
     lp, _ = step_lib.sequence_logprobs(params, CFG, batch["tokens"], batch["positions"], batch["segment_ids"],
                                        temperature=1.0, chunk_size=5)
     return dict(batch, old_logprobs=np.asarray(lp))
 
 
-def test_gradient_is_invariant_to_micro_batching_and_equals_reinforce():
+def test_gradient_is_invariant_to_micro_batching_and_save_probs_and_equals_reinforce():
+    """For each loss reduction (weights checked by hand): the accumulated gradient is the same for
+    1, 2 and 4 micro-batches and with model.logprobs_save_probs on (four micro-batches; loss and
+    entropy too), float32 rounding only; and, independently, it equals jax.grad of the REINFORCE
+    objective -sum_t w_t A_t log pi(t) with a full-vocabulary log_softmax of the model's logits
+    (on-policy PPO: ratio 1). (One test: the compiled steps serve every reduction.)"""
     params = qwen3.init_params(CFG, seed=1)
     batch = _with_old_logprobs(params, _batch())
-    # The reduction only enters through the mini-batch weights, so one compiled step per K serves
-    # all three reductions.
+    # The reduction only enters through the mini-batch weights, so one compiled step per
+    # (K, save_probs) serves all three reductions.
     scfg_loss = losses.LossConfig(eps_clip_low=0.2, eps_clip_high=0.05)
-    fns = {k: jax.jit(lambda p, b, w, k=k: step_lib.accumulate_gradients(
-        p, b, w, CFG, step_lib.StepConfig(loss=scfg_loss, num_micro_batches=k, chunk_size=5))) for k in (1, 2, 4)}
+    variants = ((1, False), (2, False), (4, False), (4, True))
+    fns = {(k, save): jax.jit(lambda p, b, w, k=k, save=save: step_lib.accumulate_gradients(
+        p, b, w, CFG, step_lib.StepConfig(loss=scfg_loss, num_micro_batches=k, chunk_size=5, save_probs=save)))
+        for k, save in variants}
     m = batch["loss_mask"].astype(np.float64)
     hand_weights = {
         "token_mean": m / m.sum(),
@@ -48,8 +80,8 @@ def test_gradient_is_invariant_to_micro_batching_and_equals_reinforce():
     }
 
     def reinforce(p, w):
-        lp, _ = step_lib.sequence_logprobs(p, CFG, batch["tokens"], batch["positions"], batch["segment_ids"],
-                                           temperature=1.0, chunk_size=5)
+        z = qwen3.forward(p, CFG, batch["tokens"], batch["positions"], batch["segment_ids"])[:, :-1]
+        lp = jnp.take_along_axis(jax.nn.log_softmax(z), batch["tokens"][:, 1:, None], -1)[..., 0]
         return -jnp.sum(w * batch["advantages"] * lp)
 
     reinforce_grad = jax.jit(jax.grad(reinforce))
@@ -57,14 +89,16 @@ def test_gradient_is_invariant_to_micro_batching_and_equals_reinforce():
         lcfg = losses.LossConfig(loss_reduction=reduction, max_seq_len=40)
         weights = losses.compute_loss_weights(batch["loss_mask"], lcfg)
         np.testing.assert_allclose(np.asarray(weights.policy), w, rtol=1e-6)
-        grads = {k: fns[k](params, batch, weights)[0] for k in (1, 2, 4)}
-        for k in (2, 4):
-            for a, b in zip(jax.tree.leaves(grads[1]), jax.tree.leaves(grads[k])):
+        out = {v: fns[v](params, batch, weights) for v in variants}
+        for v in variants[1:]:
+            for a, b in zip(jax.tree.leaves(out[1, False][0]), jax.tree.leaves(out[v][0])):
                 np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
-        # On-policy (ratio 1) PPO gradient = REINFORCE gradient of -sum_t w_t A_t log pi(t).
-        expected = reinforce_grad(params, jnp.asarray(w, jnp.float32))
-        for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(grads[1])):
-            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-7)
+        for name in ("loss", "entropy"):
+            np.testing.assert_allclose(float(out[4, True][1][name]), float(out[1, False][1][name]), rtol=1e-5)
+        expected = jax.tree.leaves(reinforce_grad(params, jnp.asarray(w, jnp.float32)))
+        for v in ((1, False), (4, True)):
+            for a, b in zip(expected, jax.tree.leaves(out[v][0])):
+                np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-7)
 
 
 def test_non_finite_gradient_skips_update_and_counts_it():
@@ -75,7 +109,7 @@ def test_non_finite_gradient_skips_update_and_counts_it():
     tx, sched = step_lib.make_optimizer(1e-3, 10, max_grad_norm=1.0)
     opt_state = tx.init(params)
     scfg = step_lib.StepConfig(loss=lcfg, num_micro_batches=2, chunk_size=8)
-    fn = jax.jit(lambda p, o, b, w: step_lib.train_step(p, o, b, w, model_cfg=CFG, step_cfg=scfg, tx=tx, schedule=sched))
+    fn = jax.jit(_step_fn(CFG, scfg, tx, sched))
 
     p1, o1, met = fn(params, opt_state, batch, weights)
     assert float(met["update_skipped"]) == 0.0 and np.isfinite(float(met["grad_norm"]))
@@ -168,13 +202,8 @@ def _compiled_train_step(T: int, attention: str = "xla"):
     params = qwen3.abstract_params(cfg)
     tx, sched = step_lib.make_optimizer(1e-3, 10)
     scfg = step_lib.StepConfig(loss=losses.LossConfig(), num_micro_batches=1, chunk_size=1024)
-    i32 = jax.ShapeDtypeStruct((1, T), jnp.int32)
-    f32 = jax.ShapeDtypeStruct((1, T - 1), jnp.float32)
-    batch = dict(tokens=i32, positions=i32, segment_ids=i32, loss_mask=jax.ShapeDtypeStruct((1, T - 1), jnp.int32),
-                 advantages=f32, old_logprobs=f32)
-    weights = losses.LossWeights(policy=f32, token=f32, sequence_token=f32,
-                                 sequence=jax.ShapeDtypeStruct((1,), jnp.float32))
-    fn = jax.jit(lambda p, o, b, w: step_lib.train_step(p, o, b, w, model_cfg=cfg, step_cfg=scfg, tx=tx, schedule=sched))
+    batch, weights = _abstract_inputs(1, T)
+    fn = jax.jit(_step_fn(cfg, scfg, tx, sched))
     compiled = fn.lower(params, jax.eval_shape(tx.init, params), batch, weights).compile()
     # Every array shape in the optimized HLO with at least two dimensions >= T (a [T, T] buffer).
     shapes = set(re.findall(r"\b(?:f32|bf16|f16|pred|s32|u8)\[[0-9,]+\]", compiled.as_text()))
@@ -214,9 +243,7 @@ def test_optimizer_offload_to_pinned_host_gives_identical_steps():
         p = jax.tree.map(lambda x, s: jax.device_put(np.asarray(x), s), params0, state_psh)
         o = jax.jit(tx.init, out_shardings=osh)(p)
         scfg = step_lib.StepConfig(loss=lcfg, num_micro_batches=2, chunk_size=8, offload=offload)
-        fn = jax.jit(lambda p, o, b, w: step_lib.train_step(p, o, b, w, model_cfg=CFG, step_cfg=scfg, tx=tx,
-                                                            schedule=sched),
-                     out_shardings=(state_psh, osh, None), donate_argnums=(0, 1))
+        fn = jax.jit(_step_fn(CFG, scfg, tx, sched), out_shardings=(state_psh, osh, None), donate_argnums=(0, 1))
         with jax.set_mesh(mesh):
             b = parallel.shard_batch(batch, mesh)
             for _ in range(2):
@@ -231,29 +258,27 @@ def test_optimizer_offload_to_pinned_host_gives_identical_steps():
         step_lib.StepConfig(loss=lcfg, offload="gpu")
 
 
-def _eqns(jaxpr):
-    """Every equation of a jaxpr, recursively."""
+def _eqns_with_scans(jaxpr, lengths=()):
+    """(equation, lengths of the scans around it) of every equation of a jaxpr, recursively."""
     for eqn in jaxpr.eqns:
-        yield eqn
-        for v in eqn.params.values():
-            for x in (v if isinstance(v, (tuple, list)) else [v]):
-                j = getattr(x, "jaxpr", x)
-                if hasattr(j, "eqns"):
-                    yield from _eqns(j)
-
-
-def _conds_under_scans(jaxpr, out, lengths=()):
-    """(enclosing scan lengths, output avals) of every cond in a jaxpr, recursively."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "cond":
-            out.append((lengths, [str(v.aval) for v in eqn.outvars]))
+        yield eqn, lengths
         inner = lengths + (eqn.params["length"],) if eqn.primitive.name == "scan" else lengths
         for v in eqn.params.values():
             for x in (v if isinstance(v, (tuple, list)) else [v]):
                 j = getattr(x, "jaxpr", x)
                 if hasattr(j, "eqns"):
-                    _conds_under_scans(j, out, inner)
-    return out
+                    yield from _eqns_with_scans(j, inner)
+
+
+def _eqns(jaxpr):
+    """Every equation of a jaxpr, recursively."""
+    return (eqn for eqn, _ in _eqns_with_scans(jaxpr))
+
+
+def _conds_under_scans(jaxpr):
+    """(enclosing scan lengths, output avals) of every cond in a jaxpr, recursively."""
+    return [(lengths, [str(v.aval) for v in eqn.outvars]) for eqn, lengths in _eqns_with_scans(jaxpr)
+            if eqn.primitive.name == "cond"]
 
 
 def test_cudnn_layout_is_checked_once_around_the_gradient(monkeypatch):
@@ -289,7 +314,7 @@ def test_cudnn_layout_is_checked_once_around_the_gradient(monkeypatch):
     # No cond inside the scan over the 5 layers; one cond (one per micro-batch; here one) whose
     # outputs are the gradients and metrics only.
     acc = lambda c: (lambda p: step_lib.accumulate_gradients(p, batches[0], weights, c, scfg))
-    conds = _conds_under_scans(jax.make_jaxpr(acc(cfg.replace(attention="cudnn")))(params).jaxpr, [])
+    conds = _conds_under_scans(jax.make_jaxpr(acc(cfg.replace(attention="cudnn")))(params).jaxpr)
     assert [c for c in conds if 5 in c[0]] == []
     n_out = len(jax.tree.leaves(jax.eval_shape(acc(cfg), params)))
     assert len(conds) == 1 and len(conds[0][1]) == n_out
@@ -301,98 +326,24 @@ def test_cudnn_layout_is_checked_once_around_the_gradient(monkeypatch):
     assert loops[0] > 0 and loops[1] == 0, loops
 
 
-def _dot_operand_dtypes(jaxpr, out):
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            out.add((str(eqn.invars[0].aval.dtype), str(eqn.invars[1].aval.dtype)))
-        for v in eqn.params.values():
-            for x in (v if isinstance(v, (tuple, list)) else [v]):
-                j = getattr(x, "jaxpr", x)
-                if hasattr(j, "eqns"):
-                    _dot_operand_dtypes(j, out)
-    return out
-
-
 def test_bf16_train_step_has_only_bf16_matmuls():
     """Regression: the lm-head backward multiplied the float32 logits cotangent with the bf16 head
     (a mixed float32 x bfloat16 matmul, which XLA runs as a float32 GEMM)."""
     cfg = qwen3.Qwen3Config.preset("tiny", dtype="bfloat16", remat="full")
-    params = qwen3.abstract_params(cfg)
-    tx, sched = step_lib.make_optimizer(1e-3, 10)
     scfg = step_lib.StepConfig(loss=losses.LossConfig(), num_micro_batches=2, chunk_size=8)
-    i32 = jax.ShapeDtypeStruct((4, 24), jnp.int32)
-    f32 = jax.ShapeDtypeStruct((4, 23), jnp.float32)
-    batch = dict(tokens=i32, positions=i32, segment_ids=i32, loss_mask=jax.ShapeDtypeStruct((4, 23), jnp.int32),
-                 advantages=f32, old_logprobs=f32)
-    weights = losses.LossWeights(policy=f32, token=f32, sequence_token=f32,
-                                 sequence=jax.ShapeDtypeStruct((4,), jnp.float32))
-    jaxpr = jax.make_jaxpr(lambda p, o, b, w: step_lib.train_step(p, o, b, w, model_cfg=cfg, step_cfg=scfg, tx=tx,
-                                                                  schedule=sched))(
-        params, jax.eval_shape(tx.init, params), batch, weights)
-    assert _dot_operand_dtypes(jaxpr.jaxpr, set()) == {("bfloat16", "bfloat16")}
-
-
-def _head_matmuls(jaxpr, vocab, out):
-    """Multiplicity-weighted count of dot_generals with a vocab-sized operand or output."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general" and any(
-                vocab in v.aval.shape for v in list(eqn.invars) + list(eqn.outvars)):
-            out.append(eqn)
-        for v in eqn.params.values():
-            for x in (v if isinstance(v, (tuple, list)) else [v]):
-                j = getattr(x, "jaxpr", x)
-                if hasattr(j, "eqns"):
-                    _head_matmuls(j, vocab, out)
-    return out
+    dtypes = {(str(e.invars[0].aval.dtype), str(e.invars[1].aval.dtype)) for e in _eqns(_step_jaxpr(cfg, scfg, 4, 24))
+              if e.primitive.name == "dot_general"}
+    assert dtypes == {("bfloat16", "bfloat16")}
 
 
 def test_save_probs_drops_the_logits_recompute_from_the_train_step():
     """StepConfig.save_probs (model.logprobs_save_probs) reaches the loss: the step's jaxpr has the
-    head's forward, dh and dw matmuls, without the recomputed logits."""
+    head's forward, dh and dw matmuls (dot_generals with a vocabulary-sized operand or output),
+    without the recomputed logits."""
     cfg = qwen3.Qwen3Config.preset("tiny", vocab_size=997, dtype="bfloat16", remat="full")
-    params = qwen3.abstract_params(cfg)
-    tx, sched = step_lib.make_optimizer(1e-3, 10)
-    i32 = jax.ShapeDtypeStruct((2, 16), jnp.int32)
-    f32 = jax.ShapeDtypeStruct((2, 15), jnp.float32)
-    batch = dict(tokens=i32, positions=i32, segment_ids=i32, loss_mask=jax.ShapeDtypeStruct((2, 15), jnp.int32),
-                 advantages=f32, old_logprobs=f32)
-    weights = losses.LossWeights(policy=f32, token=f32, sequence_token=f32,
-                                 sequence=jax.ShapeDtypeStruct((2,), jnp.float32))
     counts = {}
     for save in (False, True):
         scfg = step_lib.StepConfig(loss=losses.LossConfig(), chunk_size=8, save_probs=save)
-        jaxpr = jax.make_jaxpr(lambda p, o, b, w: step_lib.train_step(p, o, b, w, model_cfg=cfg, step_cfg=scfg, tx=tx,
-                                                                      schedule=sched))(
-            params, jax.eval_shape(tx.init, params), batch, weights)
-        counts[save] = len(_head_matmuls(jaxpr.jaxpr, 997, []))
+        counts[save] = sum(e.primitive.name == "dot_general" and any(997 in v.aval.shape for v in [*e.invars, *e.outvars])
+                           for e in _eqns(_step_jaxpr(cfg, scfg, 2, 16)))
     assert counts == {False: 4, True: 3}
-
-
-
-def test_save_probs_leaves_the_step_gradient_and_its_micro_batch_invariance_unchanged():
-    """model.logprobs_save_probs on (four micro-batches) and off (one) give the same accumulated
-    gradient, loss and entropy (float32: rounding only); independently, the gradient equals
-    jax.grad of the REINFORCE objective computed with a full-vocabulary log_softmax of the
-    model's logits (on-policy PPO: ratio 1)."""
-    params = qwen3.init_params(CFG, seed=3)
-    batch = _with_old_logprobs(params, _batch(seed=5))
-    lcfg = losses.LossConfig(eps_clip_low=0.2, eps_clip_high=0.05)
-    weights = losses.compute_loss_weights(batch["loss_mask"], lcfg)
-    out = {}
-    for save, k in ((False, 1), (True, 4)):
-        scfg = step_lib.StepConfig(loss=lcfg, num_micro_batches=k, chunk_size=4, save_probs=save)
-        g, met = jax.jit(lambda p, b: step_lib.accumulate_gradients(p, b, weights, CFG, scfg))(params, batch)
-        out[save, k] = jax.tree.leaves(g), met
-
-    def reinforce(p):
-        z = qwen3.forward(p, CFG, batch["tokens"], batch["positions"], batch["segment_ids"])[:, :-1]
-        lp = jnp.take_along_axis(jax.nn.log_softmax(z), batch["tokens"][:, 1:, None], -1)[..., 0]
-        return -jnp.sum(weights.policy * batch["advantages"] * lp)
-
-    expected = jax.tree.leaves(jax.jit(jax.grad(reinforce))(params))
-    for a, b in zip(out[False, 1][0], out[True, 4][0]):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
-    for name in ("loss", "entropy"):
-        np.testing.assert_allclose(float(out[True, 4][1][name]), float(out[False, 1][1][name]), rtol=1e-5)
-    for a, b in zip(expected, out[True, 4][0]):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-7)

@@ -87,8 +87,16 @@ def test_kill_9_and_rerun_resumes_with_identical_metrics(tmp_path, uninterrupted
     step = int(kill_at.split(":")[1])
     resumed_from = [line for line in resumed.stderr.splitlines() if "resuming" in line]
     assert resumed_from, resumed.stderr[-2000:]
-    assert int(resumed_from[0].rsplit(" ", 1)[1]) < step + (kill_at.startswith("save")), resumed_from
+    resumed_step = int(resumed_from[0].rsplit(" ", 1)[1])
+    assert resumed_step < step + (kill_at.startswith("save")), resumed_from
     assert _metrics(wd) == uninterrupted
+    # The wall time counts both launches: the rows up to the resumed step were logged by the killed
+    # process (timing/elapsed: its time at that step), the later ones by the resumed process.
+    with open(os.path.join(wd, "metrics.csv")) as f:
+        elapsed = {int(r["step"]): float(r["timing/elapsed"]) for r in csv.DictReader(f) if r["timing/elapsed"]}
+    summary = json.load(open(os.path.join(wd, "summary.json")))
+    assert summary["launches"] == 2, summary
+    assert summary["wall_s"] > elapsed.get(resumed_step, 0.0) + elapsed[4], (summary, elapsed)
 
 
 def test_reward_collapse_rolls_back_once_then_stops(tmp_path):

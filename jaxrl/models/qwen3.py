@@ -409,6 +409,28 @@ def _head_logprobs_bwd(save_probs, res, g):
 _head_logprobs.defvjp(_head_logprobs_fwd, _head_logprobs_bwd)
 
 
+def chunk_positions(hidden, targets, chunk_size: int):
+    """The sequence positions of ``hidden [B, T, E]`` and ``targets [B, T]`` in chunks, chunk-major.
+
+    ``c = min(chunk_size, T)`` positions per chunk, ``n = ceil(T / c)`` chunks; the tail is padded
+    with zeros (hidden) and id 0 (targets). Returns ``(h [n, B, c, E], t [n, B, c] int32)``;
+    :func:`unchunk_positions` undoes the layout of a per-position result.
+    """
+    B, T, E = hidden.shape
+    c = min(chunk_size, T)
+    n = -(-T // c)
+    pad = n * c - T
+    h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(B, n, c, E).swapaxes(0, 1)
+    t = jnp.pad(targets.astype(jnp.int32), ((0, 0), (0, pad))).reshape(B, n, c).swapaxes(0, 1)
+    return h, t
+
+
+def unchunk_positions(x, T: int):
+    """``x [n, B, c]`` (per position, chunk-major, :func:`chunk_positions`) -> ``[B, T]`` without the padding."""
+    n, B, c = x.shape
+    return x.swapaxes(0, 1).reshape(B, n * c)[:, :T]
+
+
 def logprobs_from_hidden(hidden, head_w, targets, temperature: float = 1.0, chunk_size: int = 512,
                          save_probs: bool = False):
     """Log-probabilities of ``targets`` and entropies under ``softmax(logits / temperature)``.
@@ -439,18 +461,11 @@ def logprobs_from_hidden(hidden, head_w, targets, temperature: float = 1.0, chun
     """
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-    B, T, E = hidden.shape
-    c = min(chunk_size, T)
-    n = -(-T // c)
-    pad = n * c - T
-    w = head_w.astype(hidden.dtype)
-    h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(B, n, c, E).swapaxes(0, 1)
-    t = jnp.pad(targets.astype(jnp.int32), ((0, 0), (0, pad))).reshape(B, n, c).swapaxes(0, 1)
+    T = hidden.shape[1]
+    h, t = chunk_positions(hidden, targets, chunk_size)
     inv_temp = 1.0 / jnp.asarray(temperature, jnp.float32)
-    lp, ent = _head_logprobs(h, w, t, inv_temp, bool(save_probs))
-    lp = lp.swapaxes(0, 1).reshape(B, n * c)[:, :T]
-    ent = ent.swapaxes(0, 1).reshape(B, n * c)[:, :T]
-    return lp, ent
+    lp, ent = _head_logprobs(h, head_w.astype(hidden.dtype), t, inv_temp, bool(save_probs))
+    return unchunk_positions(lp, T), unchunk_positions(ent, T)
 
 
 def logprobs(params: dict, cfg: Qwen3Config, tokens, positions, segment_ids, targets=None,

@@ -39,6 +39,9 @@ def _import_factory(spec: str):
     return getattr(importlib.import_module(module), name)
 
 
+DEFAULT_ENGINE = "jaxrl.rollout.sampler:engine_from_args"
+
+
 def build_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jaxrl.rollout.sidecar", description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", default="jax", choices=["jax", "vllm"],
@@ -60,7 +63,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long to collect requests into a batch")
     g.add_argument("--max-seq-len", type=int, default=4096, help="prompt + generated tokens per row")
     g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="engine compute dtype")
-    g.add_argument("--engine", default="jaxrl.rollout.sampler:engine_from_args",
+    g.add_argument("--engine", default=DEFAULT_ENGINE,
                    help="'module:function' building the engine from these parsed arguments")
     v = p.add_argument_group("vllm backend")
     v.add_argument("--upstream", default=None,
@@ -87,8 +90,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
 def _read_token(path: Optional[str]) -> Optional[str]:
     if not path:
         return None
-    with open(path) as f:
-        token = f.read().strip()
+    try:
+        with open(path) as f:
+            token = f.read().strip()
+    except OSError as e:
+        raise SystemExit(f"--token-file {path}: cannot read it ({e.strerror}). Fix: pass the file holding the "
+                         "shared token (the trainer writes WORKDIR/.sidecar_token)") from None
     if not token:
         raise SystemExit(f"--token-file {path} is empty")
     return token
@@ -109,6 +116,11 @@ def build_backend(args):
                            model=args.upstream_model or args.model_name, start_timeout_s=args.upstream_start_timeout)
     if not args.checkpoint:
         raise SystemExit("--backend jax needs --checkpoint (an HF checkpoint directory)")
+    from jaxrl.fileio import HF_CHECKPOINT_HINT, hf_checkpoint_problem
+
+    problem = hf_checkpoint_problem(args.checkpoint) if args.engine == DEFAULT_ENGINE else None
+    if problem:  # (another --engine factory reads --checkpoint its own way)
+        raise SystemExit(f"--checkpoint: {problem}. Fix: pass {HF_CHECKPOINT_HINT}")
     from jaxrl.rollout.server import JaxBackend
 
     engine = _import_factory(args.engine)(args)

@@ -27,8 +27,8 @@ class NoLogger:
 
 
 def report_text(c, summary, rows, state: TrainerState, collapsed: bool) -> str:
-    """The markdown of `report.md`: recipe, result (best step, held-out success), events, and
-    the mean time per step of each phase."""
+    """The markdown of `report.md`: recipe, result (best step, held-out success, the wall time of
+    every launch of the run), events, and the mean time per step of each phase."""
     a = c.trainer.algorithm
     timing_keys = sorted({k for r in rows for k in r if k.startswith("timing/") and k != "timing/elapsed"})
     timing_lines = [f"| {k[7:]} | {np.mean([float(r[k]) for r in rows if k in r and r['step'] > 0] or [0]):.2f} |"
@@ -45,7 +45,7 @@ def report_text(c, summary, rows, state: TrainerState, collapsed: bool) -> str:
         f"mini-batch {c.trainer.mini_batch_size} prompts, micro-batch {c.trainer.micro_batch_size} sequences",
         f"- policy `{c.model.path or 'embedded default'}`, task `{c.data.task}`", "",
         "## Result", "",
-        f"- steps run: {summary['last_step']} of {c.trainer.num_steps}; wall time {summary['wall_s'] / 60:.1f} min",
+        f"- steps run: {summary['last_step']} of {c.trainer.num_steps}; wall time {wall_time_text(summary)}",
         f"- best step by reward EMA (span {c.trainer.ema_span}): **{summary['best_step']}** "
         f"(EMA {summary['best_ema']:.3f})",
         eval_line(c, summary),
@@ -75,6 +75,14 @@ def eval_line(c, summary) -> str:
             f"final step ({summary.get('last_step')}) {_pct(summary.get('final_eval'))}")
 
 
+def wall_time_text(summary: dict) -> str:
+    """`12.3 min`, or `12.3 min over 2 launches (resumed 1 time)` for a run that was resumed: the
+    summary's `wall_s` counts every launch of the run (`rundir.WallClock`)."""
+    text = f"{summary.get('wall_s', 0.0) / 60:.1f} min"
+    n = int(summary.get("launches", 1))
+    return text if n <= 1 else f"{text} over {n} launches (resumed {n - 1} time{'s' if n > 2 else ''})"
+
+
 def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
@@ -84,7 +92,7 @@ def summary_text(summary: dict, workdir: str) -> str:
     success at start / best / final step, wall time, and where report.md and best/ are."""
     best = summary.get("best_step", -1)
     lines = [f"jaxrl: run finished: {workdir}",
-             f"  steps: {summary.get('last_step')} in {summary.get('wall_s', 0.0) / 60:.1f} min; best step by "
+             f"  steps: {summary.get('last_step')} in {wall_time_text(summary)}; best step by "
              f"reward EMA: {best if best >= 1 else 'none'}"
              + (f" (EMA {summary['best_ema']:.3f})" if best >= 1 and summary.get("best_ema") is not None else "")]
     if summary.get("heldout"):

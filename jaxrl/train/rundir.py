@@ -1,6 +1,7 @@
 """The run directory's small contracts: the trainer state saved with every checkpoint, the
-resolved config a resumed run must match, the errors that name a run file and its fix, and the
-fault injection the kill tests use."""
+resolved config a resumed run must match, the run's wall time over all its launches
+(`wall_time.json`), the errors that name a run file and its fix, and the fault injection the
+kill tests use."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +9,8 @@ import json
 import math
 import os
 import sys
-from typing import Optional
+import time
+from typing import Callable, Optional
 
 from jaxrl import config as config_lib
 
@@ -75,6 +77,57 @@ def read_finished_summary(path: str) -> Optional[dict]:
     except RunDirError as e:
         print(f"jaxrl: warning: {str(e).split('. Fix:')[0]}; finishing the run again to rewrite it", file=sys.stderr)
         return None
+
+WALL_TIME_FILE = "wall_time.json"
+
+
+class WallClock:
+    """The wall time of a run over every launch of its command (a killed and resumed run counts
+    the time of each process, including the steps a kill made it redo).
+
+    `workdir/wall_time.json` holds `{"seconds": s, "launches": n}`: the seconds and the number of
+    the launches before this one, as the last of them wrote it (`save`, an atomic write after each
+    step and at the end, process 0 only). A missing file starts from 0 (a new run); an unreadable
+    or invalid one does too, after one stderr warning line naming it.
+
+    Args:
+      workdir: the run directory.
+      clock: the time source in seconds (`time.perf_counter`; tests pass a fake).
+    """
+
+    def __init__(self, workdir: str, clock: Callable[[], float] = time.perf_counter):
+        self.path = os.path.join(workdir, WALL_TIME_FILE)
+        self.clock = clock
+        self.t0 = clock()
+        self.previous_s, self.previous_launches = 0.0, 0
+        if os.path.exists(self.path):
+            try:
+                d = read_json_object(self.path, "run's wall time", "")
+                seconds, launches = float(d["seconds"]), int(d["launches"])
+                if not (math.isfinite(seconds) and seconds >= 0 and launches >= 0):
+                    raise ValueError("negative or non-finite")
+                self.previous_s, self.previous_launches = seconds, launches
+            except (RunDirError, KeyError, TypeError, ValueError) as e:
+                reason = str(e).split(". Fix:")[0] if isinstance(e, RunDirError) else f"{self.path}: {one_line(e)}"
+                print(f"jaxrl: warning: {reason}; the wall time counts this launch only", file=sys.stderr)
+
+    def elapsed(self) -> float:
+        """Seconds since this launch started its clock."""
+        return self.clock() - self.t0
+
+    def total(self) -> float:
+        """Seconds of all launches of the run: the earlier ones plus this one so far."""
+        return self.previous_s + self.elapsed()
+
+    @property
+    def launches(self) -> int:
+        """Launches of the run, this one included."""
+        return self.previous_launches + 1
+
+    def save(self) -> None:
+        """Writes the total so far and the launches to `wall_time.json` (atomic)."""
+        config_lib.write_json_atomic(self.path, {"seconds": self.total(), "launches": self.launches})
+
 
 def one_line(e: BaseException, limit: int = 160) -> str:
     """`Type: message` of an exception on one line (long library messages cut at `limit`)."""

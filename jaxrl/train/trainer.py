@@ -37,6 +37,7 @@ from jaxrl import parallel
 from jaxrl.config import write_json_atomic
 from jaxrl.envs import DEFAULT_POLICY_DIR, ChatTemplate
 from jaxrl.envs.chat import PromptFormat
+from jaxrl.fileio import output_dir_problem
 from jaxrl.models import hf_io, qwen3
 from jaxrl.rollout.types import SamplingParams
 from jaxrl.train import advantage_stage
@@ -54,7 +55,7 @@ from jaxrl.train.multihost import broadcast_from_main, sync
 from jaxrl.train.persistence import Checkpoints
 from jaxrl.train.prompts import PromptSource, derive_seed
 from jaxrl.train.report import NoLogger, Progress, report_text
-from jaxrl.train.rundir import (RESUMABLE_CHANGES, CheckpointError, RunDirError, TrainerState,  # noqa: F401
+from jaxrl.train.rundir import (RESUMABLE_CHANGES, CheckpointError, RunDirError, TrainerState, WallClock,  # noqa: F401
                                 check_resume_config, maybe_kill, read_finished_summary, read_json_object)
 from jaxrl.train.step_stats import batch_metrics, decode_for_log, trial_rows
 
@@ -72,9 +73,7 @@ class Trainer:
         # publication and the checkpoints. The run directory must be on a shared filesystem.
         self.is_main = jax.process_index() == 0
         config_lib.validate(c, num_devices=jax.device_count(), platform=jax.default_backend())
-        if os.path.exists(self.workdir) and not os.path.isdir(self.workdir):
-            raise config_lib.ConfigError("--workdir", f"{self.workdir} exists and is not a directory",
-                                         "pass a directory (it is created if missing)")
+        self._check_workdir(output_dir_problem(self.workdir))
 
         # Model and tokenizer.
         self.model_dir = c.model.path or DEFAULT_POLICY_DIR
@@ -113,7 +112,10 @@ class Trainer:
         self.learner = Learner(c, self.model_cfg, self.mesh, param_sharding, self.state_param_sharding, self.loss_cfg)
 
         # Everything above only validates; from here on the run directory is written.
-        os.makedirs(self.workdir, exist_ok=True)
+        try:
+            os.makedirs(self.workdir, exist_ok=True)
+        except OSError as e:  # what output_dir_problem cannot foresee (a read-only filesystem, root on /proc)
+            self._check_workdir(f"{self.workdir} cannot be created ({e.strerror})")
         check_resume_config(c, self.workdir, write=self.is_main)
         sync("config")
         self.ckpt = Checkpoints(c, self.workdir, self.learner, self.mesh, self.model_dir, self.model_cfg,
@@ -129,6 +131,13 @@ class Trainer:
         self.ema = RewardEMA(span=c.trainer.ema_span)
         self.is_async = c.trainer.async_rl.mode != "sync"
         self.rollouts = None  # SyncRollouts / AsyncRollouts (process 0), made in run()
+
+    @staticmethod
+    def _check_workdir(problem: Optional[str]) -> None:
+        """Raises ConfigError naming --workdir, `problem` and the fix (nothing when `problem` is None)."""
+        if problem:
+            raise config_lib.ConfigError(f"--workdir: {problem}. Fix: pass a directory path that can be created "
+                                         "(e.g. --workdir=runs/my_run; it is created if missing)")
 
     def _check_prompt_lengths(self, tasks, path: str) -> None:
         """Rejects dataset prompts (training or held-out, read from `path`) whose rendering exceeds
@@ -192,7 +201,8 @@ class Trainer:
     # -- main loop ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         c = self.c
-        t_run = time.perf_counter()
+        clock = WallClock(self.workdir)  # this launch's time, plus that of the run's earlier launches
+        t_run = clock.t0
         self.learner.build(self.state.lr_scale)
         latest = self.ckpt.store.latest_step()
         summary_path = os.path.join(self.workdir, "summary.json")
@@ -267,6 +277,8 @@ class Trainer:
                 # checkpoint and drops these rows, so logs never miss a step that a checkpoint covers.
                 logger.log_step(step, m)
                 logger.log_trials(step, trials)
+                if self.is_main:
+                    clock.save()
                 if ((is_best and c.trainer.save_on_new_best) or step % c.trainer.ckpt_interval == 0
                         or step == c.trainer.num_steps):
                     self._save(step, params, opt_state)
@@ -289,7 +301,7 @@ class Trainer:
             if self.rollouts is not None:
                 self.rollouts.stop()
                 self.rollouts = None
-            summary = self._finish(logger, step, time.perf_counter() - t_run, stopped_by_collapse)
+            summary = self._finish(logger, step, clock, stopped_by_collapse)
         finally:
             if self.rollouts is not None:
                 self.rollouts.stop()
@@ -376,13 +388,13 @@ class Trainer:
         self._publish(params, self.state.policy_version + 1)  # the next rollouts use the restored weights
         return params, opt_state
 
-    def _finish(self, logger, last_step: int, wall_s: float, collapsed: bool) -> dict[str, Any]:
+    def _finish(self, logger, last_step: int, clock: WallClock, collapsed: bool) -> dict[str, Any]:
         """Evaluates the final policy (unless its last step was) and the best checkpoint, exports
-        the best, writes the plot, report.md and summary.json."""
+        the best, writes the plot, report.md and summary.json (wall time: every launch of the run)."""
         c = self.c
         best = self.state.best_ckpt_step
         summary: dict[str, Any] = {"last_step": last_step, "best_step": best, "best_ema": self.state.best_ckpt_ema,
-                                   "initial_eval": self.state.initial_eval, "wall_s": wall_s,
+                                   "initial_eval": self.state.initial_eval,
                                    "heldout": evaluation.describe(c, self.prompts)}
         # The final step's policy: evaluated at that step, else (a collapse stop, or a resumed run
         # whose last step was checkpointed before its end) now, on the served weights of that step.
@@ -404,8 +416,10 @@ class Trainer:
                 fmt = PromptFormat.of_tasks(self.prompts.training_tasks(), c.generator.enable_thinking)
                 self.ckpt.export_hf(params, self.is_main, prompt_format=fmt,
                                     generation=evaluation.generation_config(c, self.chat))
+        summary["wall_s"], summary["launches"] = clock.total(), clock.launches
         if not self.is_main:
             return summary
+        clock.save()
         plot_rewards(self.workdir, logger.rows, best)
         write_report(self.workdir, report_text(c, summary, logger.rows, self.state, collapsed))
         write_json_atomic(os.path.join(self.workdir, "summary.json"), summary)

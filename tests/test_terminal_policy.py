@@ -66,6 +66,7 @@ def test_training_episode_is_the_real_agent_loop_token_stream(chat, tmp_path, se
     assert flags == [0] * len(traj.prompt_ids) + list(traj.loss_mask)
 
 
+@pytest.mark.slow  # covered faster: the shared builder's determinism in test_default_policy
 def test_training_is_deterministic_and_lowers_the_loss(tmp_path):
     mtp.write_tokenizer(str(tmp_path))
     for name in mtp.TOKENIZER_FILES:  # the tokenizer is reproduced byte for byte

@@ -77,7 +77,7 @@ def uninterrupted(tmp_path_factory):
     return _metrics(wd)
 
 
-@pytest.mark.parametrize("kill_at", ["generate:3", "save:2"])
+@pytest.mark.parametrize("kill_at", [pytest.param("generate:3", marks=pytest.mark.slow), "save:2"])  # save:2 covers the resume; test_async kills mid-training
 def test_kill_9_and_rerun_resumes_with_identical_metrics(tmp_path, uninterrupted, kill_at):
     wd = str(tmp_path / "run")
     killed = _main(wd, "--config.trainer.num_steps=4", *SMALL, kill_at=kill_at)
@@ -162,6 +162,7 @@ def _compare_runs(a_dir, b_dir, version, rtol):
     return problems
 
 
+@pytest.mark.slow  # covered faster: test_launch two trainer nodes
 def test_two_process_run_matches_single_process_run(tmp_path):
     """launch/local_multiprocess.sh: 2 JAX processes x 2 CPU devices (the multi-host code path:
     process 0 drives rollouts and logs, both train and publish) against one process on 4
@@ -188,6 +189,7 @@ def test_two_process_run_matches_single_process_run(tmp_path):
     assert os.path.exists(os.path.join(mp, "best", "model.safetensors"))
 
 
+@pytest.mark.slow  # covered faster: test_train_step offload gives identical steps
 def test_optimizer_state_in_host_memory_gives_identical_metrics(tmp_path, uninterrupted):
     """trainer.optimizer.offload=moments_and_master: fp32 params and Adam moments in pinned host
     memory (train step, old-logprob forward, weight publication, checkpoint save and the restore
@@ -235,6 +237,7 @@ def _stderr_lines(out, needle):
     return [line for line in out.stderr.replace("\r", "\n").splitlines() if needle in line]
 
 
+@pytest.mark.slow  # covered faster: test_run_logs best/EMA/restore_best tests
 def test_best_checkpoint_survives_ties_restart_and_a_damaged_latest_checkpoint(tmp_path):
     """Issue 9 §2 input: the default recipe with its own checkpoint settings (interval 5, keep 2,
     save_on_new_best) on 4 JSONL prompts whose exact_match answer the policy never produces, 10
@@ -307,6 +310,7 @@ def test_kl_and_several_epochs_train_without_eval_prompts(tmp_path):
     assert "held-out success: not evaluated (data.num_eval_prompts=0)" in open(os.path.join(wd, "report.md")).read()
 
 
+@pytest.mark.slow  # covered faster: test_losses TIS, test_weight_sync logprob agreement
 def test_symclip_tis_rollouts_come_from_the_trainers_weights(tmp_path):
     """Issue 9 §1: versions were published as bf16 to a float32 engine, so at equal versions
     is_ratio (pi_old / mu) spanned 0.906-1.090 at step 1 of the default run. Published in the
@@ -326,6 +330,7 @@ def test_symclip_tis_rollouts_come_from_the_trainers_weights(tmp_path):
     assert [w.split("step ")[1].split(":")[0] for w in warnings] == ["1", "2"], warnings
 
 
+@pytest.mark.slow  # covered faster: test_losses seq-mean reductions
 def test_seqmean_recipe_trains(tmp_path):
     wd = str(tmp_path / "run")
     out = _main(wd, "--config.trainer.num_steps=2", "--config.data.num_eval_prompts=8", *TINY,
@@ -362,6 +367,7 @@ def test_grpo_rollback_before_any_checkpoint_without_save_on_new_best(tmp_path):
     assert os.path.exists(os.path.join(wd, "best", "model.safetensors"))
 
 
+@pytest.mark.slow  # covered faster: test_sidecar kill/restart end to end
 def test_sidecar_killed_during_weight_publication_is_restarted(tmp_path, uninterrupted):
     """Issue 9 §8: a sidecar killed while the trainer publishes weights stopped the run
     ('POST /v1/load_weights failed after 3 attempts'); now it is restarted as during generation

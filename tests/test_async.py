@@ -346,7 +346,11 @@ TINY = ["--config.trainer.train_batch_size=4", "--config.trainer.mini_batch_size
 def compile_cache(tmp_path_factory):
     """A JAX persistent compilation cache shared by this module's runs: after the first run the
     others load the compiled programs (a run's start drops from ~35 s to ~15 s on 2 CPU cores).
-    A cached program is the compiled one, so results are unchanged."""
+    A cached program is the compiled one, so results are unchanged. Under tests/conftest.py that
+    is the session's cache (already in ENV), so the other modules' runs of the same shapes
+    (test_trainer_algorithms' ppo_gae run) load these programs too; a module cache otherwise."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return {}
     return {"JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache")),
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 

@@ -17,9 +17,18 @@ ENV = {**{k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRL_K
        # launch/*.sh call `python`: the interpreter running the tests, activated venv or not
        "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
 
-SMALL = ["--config.trainer.train_batch_size=8", "--config.trainer.mini_batch_size=4",
-         "--config.trainer.micro_batch_size=16", "--config.trainer.ckpt_interval=2",
-         "--config.data.num_eval_prompts=16", "--config.trainer.eval_interval=0"]
+# One batch shape for the runs of this module (and test_evaluate's): 8 prompts x 8 samples, 2
+# mini-batches of 32 sequences, micro-batches of 16. Runs of one shape share the engine's, the
+# forward passes' and (at equal objective and lr) the train step's compiled programs through the
+# session's persistent XLA cache (tests/conftest.py), so only the first run of a shape compiles.
+SHAPE = ["--config.trainer.train_batch_size=8", "--config.trainer.mini_batch_size=4",
+         "--config.trainer.micro_batch_size=16"]
+SMALL = [*SHAPE, "--config.trainer.ckpt_interval=2", "--config.data.num_eval_prompts=16",
+         "--config.trainer.eval_interval=0"]
+# The uninterrupted run (`uninterrupted`): 3 steps, checkpoints at steps 2 and 3 only
+# (save_on_new_best False). The kill/resume tests compare with its metrics, and
+# test_best_is_chosen_among_saved_checkpoints_without_save_on_new_best checks its best checkpoint.
+RUN = ["--config.trainer.num_steps=3", "--config.trainer.save_on_new_best=False", *SMALL]
 
 
 def _main(workdir, *overrides, kill_at=None, timeout=600, recipe="configs/rloo.py", env=None, umask=None):
@@ -70,19 +79,27 @@ def test_short_recipe_improves_reward(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def uninterrupted_run(tmp_path_factory):
+    """The `RUN` run: its workdir and metrics (read before any test reruns it)."""
     wd = str(tmp_path_factory.mktemp("uninterrupted") / "run")
-    out = _main(wd, "--config.trainer.num_steps=4", *SMALL)
+    out = _main(wd, *RUN)
     assert out.returncode == 0, out.stderr[-3000:]
-    return _metrics(wd)
+    return wd, _metrics(wd)
 
 
-@pytest.mark.parametrize("kill_at", [pytest.param("generate:3", marks=pytest.mark.slow), "save:2"])  # save:2 covers the resume; test_async kills mid-training
+@pytest.fixture(scope="module")
+def uninterrupted(uninterrupted_run):
+    return uninterrupted_run[1]
+
+
+# Killed while step 3's checkpoint is written (the resume starts at step 2, the last complete
+# checkpoint) or, slow, after step 3's rollouts.
+@pytest.mark.parametrize("kill_at", [pytest.param("generate:3", marks=pytest.mark.slow), "save:3"])  # save:3 covers the resume; test_async kills mid-training
 def test_kill_9_and_rerun_resumes_with_identical_metrics(tmp_path, uninterrupted, kill_at):
     wd = str(tmp_path / "run")
-    killed = _main(wd, "--config.trainer.num_steps=4", *SMALL, kill_at=kill_at)
+    killed = _main(wd, *RUN, kill_at=kill_at)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    resumed = _main(wd, "--config.trainer.num_steps=4", *SMALL)
+    resumed = _main(wd, *RUN)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     step = int(kill_at.split(":")[1])
     resumed_from = [line for line in resumed.stderr.splitlines() if "resuming" in line]
@@ -96,20 +113,23 @@ def test_kill_9_and_rerun_resumes_with_identical_metrics(tmp_path, uninterrupted
         elapsed = {int(r["step"]): float(r["timing/elapsed"]) for r in csv.DictReader(f) if r["timing/elapsed"]}
     summary = json.load(open(os.path.join(wd, "summary.json")))
     assert summary["launches"] == 2, summary
-    assert summary["wall_s"] > elapsed.get(resumed_step, 0.0) + elapsed[4], (summary, elapsed)
+    assert summary["wall_s"] > elapsed.get(resumed_step, 0.0) + elapsed[3], (summary, elapsed)
+
+
+# The two rollback tests below run the same recipe (grpo), batch shape and learning rates (0.03,
+# then 0.015 after the rollback): the second one loads both train steps from the compile cache.
+COLLAPSE = [*SHAPE, "--config.data.num_eval_prompts=0", "--config.trainer.optimizer.lr=0.03",
+            "--config.trainer.collapse.drop=0.05", "--config.trainer.collapse.patience=2",
+            "--config.trainer.collapse.action=rollback", "--config.trainer.collapse.max_rollbacks=1"]
 
 
 def test_reward_collapse_rolls_back_once_then_stops(tmp_path):
-    """lr 0.03 wrecks the policy (reward -> 0 after one update). With drop 0.05 / patience 2 the
+    """lr 0.03 wrecks the policy (reward -> 0 after one step). With drop 0.05 / patience 2 the
     EMA (0.141, 0.094, 0.063, 0.042 by hand: alpha 1/3) is a collapse at step 4 -> roll back to
-    the best step (1) with lr x0.5; it collapses again -> the run stops (max_rollbacks 1)."""
+    the best step (1) with lr x0.5; it collapses again -> the run stops (max_rollbacks 1).
+    The collapse logic is the trainer's, whatever the recipe: grpo, as in the next rollback test."""
     wd = str(tmp_path / "run")
-    out = _main(wd, "--config.trainer.num_steps=10", "--config.trainer.train_batch_size=16",
-                "--config.trainer.mini_batch_size=16", "--config.trainer.micro_batch_size=64",
-                "--config.data.num_eval_prompts=16", "--config.trainer.eval_interval=0",
-                "--config.trainer.optimizer.lr=0.03", "--config.trainer.collapse.drop=0.05",
-                "--config.trainer.collapse.patience=2", "--config.trainer.collapse.action=rollback",
-                "--config.trainer.collapse.max_rollbacks=1")
+    out = _main(wd, "--config.trainer.num_steps=10", *COLLAPSE, recipe="configs/grpo.py")
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [r for r in _metrics(wd) if r["reward/avg_raw_reward"]]
     r1 = float(rows[0]["reward/avg_raw_reward"])
@@ -195,18 +215,17 @@ def test_optimizer_state_in_host_memory_gives_identical_metrics(tmp_path, uninte
     memory (train step, old-logprob forward, weight publication, checkpoint save and the restore
     of the best checkpoint for export); every metric equals the device-resident run's."""
     wd = str(tmp_path / "run")
-    out = _main(wd, "--config.trainer.num_steps=4", *SMALL, "--config.trainer.optimizer.offload=moments_and_master")
+    out = _main(wd, *RUN, "--config.trainer.optimizer.offload=moments_and_master")
     assert out.returncode == 0, out.stderr[-3000:]
     assert _metrics(wd) == uninterrupted
     assert os.path.exists(os.path.join(wd, "best", "model.safetensors"))
 
 
-def test_best_is_chosen_among_saved_checkpoints_without_save_on_new_best(tmp_path):
+def test_best_is_chosen_among_saved_checkpoints_without_save_on_new_best(uninterrupted_run):
     """Regression: with save_on_new_best=False (the 8B recipe) the best-EMA step could have no
-    checkpoint and the run crashed at the end. The best is now the best-EMA saved step."""
-    wd = str(tmp_path / "run")
-    out = _main(wd, "--config.trainer.num_steps=3", "--config.trainer.save_on_new_best=False", *SMALL)
-    assert out.returncode == 0, out.stderr[-3000:]
+    checkpoint and the run crashed at the end. The best is now the best-EMA saved step.
+    (The run is `uninterrupted_run`: 3 steps, save_on_new_best=False, checkpoint interval 2.)"""
+    wd = uninterrupted_run[0]
     summary = json.load(open(os.path.join(wd, "summary.json")))
     rows = {int(r["step"]): float(r["reward/ema"]) for r in _metrics(wd) if r["reward/ema"]}
     saved = [2, 3]  # ckpt_interval 2 and the last step
@@ -216,7 +235,7 @@ def test_best_is_chosen_among_saved_checkpoints_without_save_on_new_best(tmp_pat
     assert os.path.exists(os.path.join(wd, "best", "model.safetensors"))
     # Rerunning a finished run does nothing and keeps its report.
     report = open(os.path.join(wd, "report.md")).read()
-    again = _main(wd, "--config.trainer.num_steps=3", "--config.trainer.save_on_new_best=False", *SMALL)
+    again = _main(wd, *RUN)
     assert again.returncode == 0 and "is complete" in again.stderr
     assert open(os.path.join(wd, "report.md")).read() == report
 
@@ -297,7 +316,7 @@ def test_kl_and_several_epochs_train_without_eval_prompts(tmp_path):
     (which crashed) gives no eval rows and says so in the report."""
     wd = str(tmp_path / "run")
     out = _main(wd, "--config.trainer.algorithm.kl_loss_coef=0.01", "--config.trainer.num_steps=2",
-                "--config.trainer.update_epochs_per_batch=2", "--config.data.num_eval_prompts=0", *TINY)
+                "--config.trainer.update_epochs_per_batch=2", "--config.data.num_eval_prompts=0", *SHAPE)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = _metrics(wd)
     assert [r["step"] for r in rows] == ["1", "2"]  # no step-0 eval row
@@ -348,12 +367,7 @@ def test_grpo_rollback_before_any_checkpoint_without_save_on_new_best(tmp_path):
     save_on_new_best False) the rollback returns to the initial policy with lr x0.5, then the run
     collapses again and stops; the best step it names is on disk and exported."""
     wd = str(tmp_path / "run")
-    out = _main(wd, "--config.trainer.num_steps=8", "--config.trainer.train_batch_size=8",
-                "--config.trainer.mini_batch_size=8", "--config.trainer.micro_batch_size=16",
-                "--config.generator.n_samples_per_prompt=4", "--config.data.num_eval_prompts=0",
-                "--config.trainer.optimizer.lr=0.03", "--config.trainer.collapse.drop=0.05",
-                "--config.trainer.collapse.patience=2", "--config.trainer.collapse.action=rollback",
-                "--config.trainer.collapse.max_rollbacks=1", "--config.trainer.save_on_new_best=False",
+    out = _main(wd, "--config.trainer.num_steps=8", *COLLAPSE, "--config.trainer.save_on_new_best=False",
                 "--config.trainer.ckpt_interval=100", recipe="configs/grpo.py")
     assert out.returncode == 0, out.stderr[-3000:]
     report = open(os.path.join(wd, "report.md")).read()
@@ -373,7 +387,7 @@ def test_sidecar_killed_during_weight_publication_is_restarted(tmp_path, uninter
     ('POST /v1/load_weights failed after 3 attempts'); now it is restarted as during generation
     and the run's metrics equal an uninterrupted run's."""
     wd = str(tmp_path / "run")
-    out = _main(wd, "--config.trainer.num_steps=4", *SMALL, env={"JAXRL_KILL_SIDECAR_AT": "publish:2"})
+    out = _main(wd, *RUN, env={"JAXRL_KILL_SIDECAR_AT": "publish:2"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert len(_stderr_lines(out, "died")) == 1 and _stderr_lines(out, "restarting")
     assert _metrics(wd) == uninterrupted

@@ -272,9 +272,13 @@ class H(http.server.BaseHTTPRequestHandler):
         pass
 
 server = http.server.HTTPServer((host, port), H)
-if os.environ.get("STUB_VLLM_EXIT_AFTER"):  # an engine that crashes after a while
-    import threading
-    threading.Timer(float(os.environ["STUB_VLLM_EXIT_AFTER"]), lambda: os._exit(3)).start()
+if os.environ.get("STUB_VLLM_EXIT_WHEN"):  # an engine that crashes once this file exists (the trainer runs)
+    import threading, time
+    def crash(path=os.environ["STUB_VLLM_EXIT_WHEN"]):
+        while not os.path.exists(path):
+            time.sleep(0.1)
+        os._exit(3)
+    threading.Thread(target=crash, daemon=True).start()
 server.serve_forever()
 '''
 
@@ -400,7 +404,9 @@ def test_engine_dying_mid_run_stops_the_trainer_and_the_job(tmp_path):
     """A vLLM engine crashes while the trainer runs (vLLM engines are not restarted): the job stops
     the trainer and ends with exit code 1 and a message."""
     env, out = _stubs(tmp_path)
-    env.update(STUB_TRAINER_SLEEP="300", STUB_VLLM_EXIT_AFTER="3")
+    # The engine crashes once the trainer has started (a fixed 3 s delay lost the race on a loaded
+    # host: the engine died before the trainer started).
+    env.update(STUB_TRAINER_SLEEP="300", STUB_VLLM_EXIT_WHEN=str(out / "trainer_0.json"))
     proc, log = _stub_job(tmp_path, env)
     assert proc.wait(timeout=90) == 1, log.read_text()
     text = log.read_text()

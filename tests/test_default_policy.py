@@ -110,7 +110,8 @@ def test_training_is_deterministic_and_lowers_the_loss():
 # ---- behaviour of the shipped policy ------------------------------------------------------------
 
 def test_held_out_success_rate_leaves_room_for_rl():
-    r = mdp.evaluate(DEFAULT_POLICY_DIR, "arithmetic", num_prompts=200, n=8)
+    # 100 prompts (x 8 samples): measured greedy 32%, pass@8 60% (200 prompts: 29% / 61%)
+    r = mdp.evaluate(DEFAULT_POLICY_DIR, "arithmetic", num_prompts=100, n=8)
     print(r.line())
     assert 0.2 <= r.greedy <= 0.6
     assert r.well_formed >= 0.8

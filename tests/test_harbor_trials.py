@@ -176,6 +176,11 @@ def test_terminal_framing_helpers():
     assert limit_output("short", 10000) == "short"
 
 
+# Seconds to poll for the shell's prompt after a command: generous, for a loaded CI host (a fixed
+# wait of 2 s was not enough there); waiting returns as soon as the prompt is back.
+PROMPT_WAIT = 15.0
+
+
 def test_terminal_session(tmp_path):
     task = make_task(tmp_path / "tasks")
     with Trial(task, tmp_path / "t", TrialConfig(command_timeout_sec=5)) as trial:
@@ -190,21 +195,30 @@ def test_terminal_session(tmp_path):
         trial.send_keys("sleep 100\n", duration=0.5)
         assert not term.at_prompt()
         trial.send_keys("C-c", duration=2)
-        assert term.at_prompt() and term.read_new_output().endswith("^C\nagent@sandbox:/tmp$ ")
+        # the prompt comes back (polled with a generous deadline: a loaded host can take seconds)
+        assert term.wait_for_prompt(PROMPT_WAIT) and term.read_new_output().endswith("^C\nagent@sandbox:/tmp$ ")
         trial.send_keys("cat > /app/done.txt << 'EOF'\ndone\nEOF\n", duration=5)
+        assert term.wait_for_prompt(PROMPT_WAIT)
         # the keystrokes are echoed as they arrive; bash's continuation prompts follow
         assert term.read_new_output() == "cat > /app/done.txt << 'EOF'\ndone\nEOF\n> > agent@sandbox:/tmp$ "
         trial.send_keys("seq 1 3000\n", duration=5)
+        assert term.wait_for_prompt(PROMPT_WAIT)
         out = term.read_new_output()
         assert "interior bytes omitted" in out and out.endswith("2999\n3000\nagent@sandbox:/tmp$ ")
         t0 = time.monotonic()
         waited = trial.send_keys("sleep 100\n", duration=1000)
         assert 4.5 < waited < 6 and time.monotonic() - t0 < 7  # capped at command_timeout_sec
         trial.send_keys("C-c", duration=1)
+        assert term.wait_for_prompt(PROMPT_WAIT)
+        term.read_new_output()
         trial.send_keys("python3 -c 'import fcntl, termios; fcntl.ioctl(0, termios.TIOCSTI, b\"x\")' 2>&1 | "
                         "tail -1\n", duration=5)
+        assert term.wait_for_prompt(PROMPT_WAIT)
         assert "PermissionError" in term.read_new_output()  # seccomp: no input injection, even into its own tty
         trial.send_keys("exit\n", duration=2)
+        deadline = time.monotonic() + PROMPT_WAIT
+        while term.is_alive() and time.monotonic() < deadline:  # the shell exits (polled, generous deadline)
+            time.sleep(0.05)
         with pytest.raises(SandboxError, match="shell exited"):
             trial.send_keys("true\n", duration=1)
         v = trial.verify()

@@ -134,7 +134,7 @@ def test_job_trains_with_two_trainer_nodes_and_remote_jax_engines(tmp_path):
         "--train-nodes=2", "--engine=jax", "--engine-tp=2", "--platform=cpu", f"--port={port}",
         f"--coordinator-port={coord}", "--recipe=configs/rloo.py", "--engine-args=--log-level info", str(wd),
         # The mesh needs 8 devices: only 2 processes x 4 devices joined by the coordinator give them.
-        "--config.mesh.data=2", "--config.mesh.fsdp=4", "--config.trainer.num_steps=2", *TINY])
+        "--config.mesh.data=2", "--config.mesh.fsdp=4", "--config.trainer.num_steps=1", *TINY])
     assert rc == 0, out[-5000:]
     notes = _notes(out)
     assert any("trainer on 127.0.0.1 127.0.0.2 (8 devices, coordinator 127.0.0.1:" f"{coord})" in n for n in notes), notes
@@ -154,10 +154,10 @@ def test_job_trains_with_two_trainer_nodes_and_remote_jax_engines(tmp_path):
         assert f"Uvicorn running on {u}" in log
         assert re.search(r'"POST /v1/completions HTTP/1.1" 200', log), log[-2000:]
         loads = re.findall(r'"POST /v1/load_weights HTTP/1.1" (\d+)', log)
-        assert loads == ["200"] * 3, loads  # version 0 at start, then one per RL step
+        assert loads == ["200"] * 2, loads  # version 0 at start, then one per RL step (one step)
     with open(wd / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [r["step"] for r in rows] == ["1", "2"]
+    assert [r["step"] for r in rows] == ["1"]
     assert all(float(r["trainer/policy_version"]) == int(r["step"]) for r in rows)
     assert rows[-1]["eval/success_rate"] != ""
     assert (wd / "summary.json").exists() and (wd / "checkpoints").is_dir()
@@ -272,9 +272,13 @@ class H(http.server.BaseHTTPRequestHandler):
         pass
 
 server = http.server.HTTPServer((host, port), H)
-if os.environ.get("STUB_VLLM_EXIT_AFTER"):  # an engine that crashes after a while
-    import threading
-    threading.Timer(float(os.environ["STUB_VLLM_EXIT_AFTER"]), lambda: os._exit(3)).start()
+if os.environ.get("STUB_VLLM_EXIT_WHEN"):  # an engine that crashes once this file exists (the trainer runs)
+    import threading, time
+    def crash(path=os.environ["STUB_VLLM_EXIT_WHEN"]):
+        while not os.path.exists(path):
+            time.sleep(0.1)
+        os._exit(3)
+    threading.Thread(target=crash, daemon=True).start()
 server.serve_forever()
 '''
 
@@ -400,7 +404,9 @@ def test_engine_dying_mid_run_stops_the_trainer_and_the_job(tmp_path):
     """A vLLM engine crashes while the trainer runs (vLLM engines are not restarted): the job stops
     the trainer and ends with exit code 1 and a message."""
     env, out = _stubs(tmp_path)
-    env.update(STUB_TRAINER_SLEEP="300", STUB_VLLM_EXIT_AFTER="3")
+    # The engine crashes once the trainer has started (a fixed 3 s delay lost the race on a loaded
+    # host: the engine died before the trainer started).
+    env.update(STUB_TRAINER_SLEEP="300", STUB_VLLM_EXIT_WHEN=str(out / "trainer_0.json"))
     proc, log = _stub_job(tmp_path, env)
     assert proc.wait(timeout=90) == 1, log.read_text()
     text = log.read_text()

@@ -421,6 +421,10 @@ def test_background_processes_do_not_survive(tmp_path):
         trial.send_keys(f"nohup sleep 4{m} >/dev/null 2>&1 &\n", 2)
         trial.send_keys(f"setsid sleep 5{m} & disown\n", 2)
         trial.send_keys(f"(setsid sleep 6{m} &)\n", 2)
+        # they run (polled with a generous deadline: on a loaded host the last one can start late)
+        deadline = time.monotonic() + 15
+        while not all(processes_with(f"{i}{m}") for i in (4, 5, 6)) and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert processes_with(f"4{m}") and processes_with(f"5{m}") and processes_with(f"6{m}")
         v = trial.verify()  # the agent phase ends: its processes are killed before the verifier runs
         assert v.outcome == Outcome.OK

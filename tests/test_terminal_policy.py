@@ -79,7 +79,8 @@ def test_training_is_deterministic_and_lowers_the_loss(tmp_path):
 def test_held_out_success_leaves_room_for_rl():
     """Through the real agent loop (sandboxed trials) on held-out write-file tasks, at the recipe's
     sampling temperature: the policy solves some tasks but far from all."""
-    r = mtp.evaluate(POLICY, num_tasks=64, n=2, greedy=False)
+    # 32 tasks x 2 samples: measured sampled mean 33%, pass@2 50% (64 tasks: 31% / 48%)
+    r = mtp.evaluate(POLICY, num_tasks=32, n=2, greedy=False)
     print(r)
     assert 0.1 <= r["sampled_mean"] <= 0.65, r
     assert r["pass_at_2"] >= r["sampled_mean"]

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -391,3 +392,24 @@ def test_unsafe_host_backend_is_explicit(tmp_path):
         assert r.outcome == Outcome.SANDBOX_ERROR and UNSAFE_HOST_BACKEND in r.error
     with pytest.raises(ValueError, match="WITHOUT isolation"):
         SandboxConfig(backend="none").validate()
+
+
+def test_ctrl_c_works_when_the_host_process_ignores_and_blocks_sigint(tmp_path):
+    """Regression: a child inherits ignored signals and the blocked mask of the thread that forks
+    it, and an interactive bash cannot undo an ignored SIGINT. Started from a process ignoring or
+    blocking SIGINT (the test session did, after earlier tests), the agent's Ctrl-C never stopped
+    `sleep` in the trial's shell. Trial processes now start with default signals and an empty mask."""
+    old_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
+    try:
+        task = make_task(tmp_path / "tasks")
+        with Trial(task, tmp_path / "t", TrialConfig(command_timeout_sec=5)) as trial:
+            term = trial.terminal
+            term.read_new_output()
+            trial.send_keys("sleep 100\n", duration=0.5)
+            assert not term.at_prompt()
+            trial.send_keys("C-c", duration=2)
+            assert term.wait_for_prompt(PROMPT_WAIT) and term.read_new_output().endswith("^C\nagent@sandbox:/app$ ")
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        signal.signal(signal.SIGINT, old_handler)

@@ -1030,6 +1030,7 @@ class Sandbox:
                 try:
                     p = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, start_new_session=True,
                                          close_fds=True, pass_fds=() if sfd is None else (sfd,),
+                                         preexec_fn=_default_signals,
                                          env={"PATH": "/usr/bin:/bin"}, **kw)
                 except OSError as e:
                     raise SandboxError(f"cannot start the sandbox: {e}") from None
@@ -1189,10 +1190,23 @@ class Sandbox:
                 raise SandboxError(f"trial sandbox {self.root} is closed")
             script = self._limit_prologue() + 'exec "$@"'
             p = subprocess.Popen(["/bin/bash", "-c", script, "jaxrl-unsafe", *command], stdin=stdin, stdout=stdout,
-                                 stderr=stderr, start_new_session=True, close_fds=True,
+                                 stderr=stderr, start_new_session=True, close_fds=True, preexec_fn=_default_signals,
                                  env=env if env is not None else self.env(), cwd=cwd or self.environment.workdir)
             self._procs.add(p)
         return p
+
+
+def _default_signals() -> None:
+    """`preexec_fn` of every trial process: default dispositions and an empty signal mask.
+
+    A child inherits ignored signals and the blocked-signal mask of the thread that forks it, and
+    an interactive bash cannot undo an ignored SIGINT. Started from a process that ignores or blocks
+    SIGINT (nohup-like launchers, some schedulers, a host thread with a mask), the agent's Ctrl-C
+    would then never stop a command in the trial's shell."""
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, signal.SIGTTIN,
+                signal.SIGTTOU, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
 # The unsafe host backend maps the sandbox paths with symlinks at the filesystem root; one trial at a

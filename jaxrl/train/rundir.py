@@ -44,6 +44,92 @@ class CheckpointError(RunDirError):
     """No usable checkpoint to resume from; the message names the files and the fix."""
 
 
+LOCK_FILE = ".lock"
+
+
+class WorkdirLock:
+    """An exclusive lock on a run directory, so that two runs never write one workdir at once.
+
+    `fcntl.flock` on `workdir/.lock`, taken by trainer process 0 (in a multi-host job the other
+    processes share the workdir and take no lock) and held until `release` or the end of the
+    process: the kernel drops it when the process dies, so a run killed with `kill -9` resumes
+    at once. The holder writes its PID and host into the file so that a refused run can name it
+    ("PID <pid> on host <host>"). The file is rewritten in place, never replaced: a rename would give a new inode,
+    which a third run could lock while the holder still holds the old one. The descriptor is not
+    inherited by child processes (sidecars, sandboxes), so the lock dies with the trainer. (On NFS
+    the server keeps the lock of a node that crashed until that node's lease expires.)
+
+    Within one process the lock is shared: acquiring a workdir the process already holds adds a
+    holder (tests and notebooks build several trainers on one workdir in turn); the file lock is
+    released when the last holder releases it.
+    """
+
+    _held: dict = {}  # realpath of the lock file -> [fd, holders]
+
+    def __init__(self, path: str):
+        self.path = path
+        self._released = False
+
+    @classmethod
+    def acquire(cls, workdir: str) -> "WorkdirLock":
+        """Locks `workdir` (an existing directory) for this process.
+
+        Raises:
+          RunDirError: another process holds the lock; the message names the workdir, the holder
+            (pid and host, when it recorded them) and the fix.
+        On a filesystem without `flock` support it prints one warning line and returns an unlocked
+        handle (the run goes on, unprotected against a second run).
+        """
+        import fcntl
+        import socket
+
+        path = os.path.realpath(os.path.join(workdir, LOCK_FILE))
+        held = cls._held.get(path)
+        if held is not None:
+            held[1] += 1
+            return cls(path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # non-inheritable (PEP 446)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            import errno
+
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):  # e.g. ENOLCK, ENOSYS
+                os.close(fd)
+                print(f"jaxrl: warning: cannot lock {path} ({e.strerror}): this filesystem does not support "
+                      "flock, so nothing stops a second run from writing the same workdir at the same time",
+                      file=sys.stderr)
+                lock = cls(path)
+                lock._released = True
+                return lock
+            try:
+                holder = os.read(fd, 256).decode("utf-8", "replace").strip()
+            finally:
+                os.close(fd)
+            who = f"another run ({holder})" if holder else "another run"
+            raise RunDirError(f"the workdir {workdir} is in use by {who}; two runs in one workdir would corrupt "
+                              f"each other's checkpoints and logs (lock file {path}). Fix: wait until that run "
+                              "ends (or stop it), or pass another --workdir") from None
+        record = f"PID {os.getpid()} on host {socket.gethostname()}\n".encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record, 0)
+        cls._held[path] = [fd, 1]
+        return cls(path)
+
+    def release(self) -> None:
+        """Drops this holder; the last holder of the process unlocks the workdir (idempotent)."""
+        if self._released:
+            return
+        self._released = True
+        held = self._held.get(self.path)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] == 0:
+            del self._held[self.path]
+            os.close(held[0])  # closing the only descriptor releases the flock
+
+
 def read_json_object(path: str, what: str, fix: str) -> dict:
     """The JSON object stored in `path`.
 

@@ -51,12 +51,12 @@ from jaxrl.train.batching import (EXCLUDED_STOP_REASONS, bucket_length, is_exclu
 from jaxrl.train.fleet import Fleet, sidecar_error_text  # noqa: F401
 from jaxrl.train.learner import Learner, loss_config, policy_metrics
 from jaxrl.train.metrics import RewardEMA, RunLogger, plot_rewards, write_report
-from jaxrl.train.multihost import broadcast_from_main, sync
+from jaxrl.train.multihost import all_processes_ok, broadcast_from_main, sync
 from jaxrl.train.persistence import Checkpoints
 from jaxrl.train.prompts import PromptSource, derive_seed
 from jaxrl.train.report import NoLogger, Progress, report_text
 from jaxrl.train.rundir import (RESUMABLE_CHANGES, CheckpointError, RunDirError, TrainerState, WallClock,  # noqa: F401
-                                check_resume_config, maybe_kill, read_finished_summary, read_json_object)
+                                WorkdirLock, check_resume_config, maybe_kill, read_finished_summary, read_json_object)
 from jaxrl.train.step_stats import batch_metrics, decode_for_log, trial_rows
 
 
@@ -74,7 +74,19 @@ class Trainer:
         self.is_main = jax.process_index() == 0
         config_lib.validate(c, num_devices=jax.device_count(), platform=jax.default_backend())
         self._check_workdir(output_dir_problem(self.workdir))
+        # A workdir that exists may hold a running run: lock it now, so that a second run fails in
+        # seconds, before loading anything; a new one is locked right after it is created below.
+        self.workdir_lock: Optional[WorkdirLock] = None
+        self._lock_workdir(only_existing=True)
+        try:
+            self._build(c)
+        except BaseException:
+            self.close()
+            raise
 
+    def _build(self, c) -> None:
+        """The rest of construction: the model config, tokenizer, prompts, mesh and learner (which
+        only validate), then the run directory (created, locked, its config checked)."""
         # Model and tokenizer.
         self.model_dir = c.model.path or DEFAULT_POLICY_DIR
         self.model_cfg = qwen3.Qwen3Config.from_pretrained(
@@ -116,6 +128,7 @@ class Trainer:
             os.makedirs(self.workdir, exist_ok=True)
         except OSError as e:  # what output_dir_problem cannot foresee (a read-only filesystem, root on /proc)
             self._check_workdir(f"{self.workdir} cannot be created ({e.strerror})")
+        self._lock_workdir()
         check_resume_config(c, self.workdir, write=self.is_main)
         sync("config")
         self.ckpt = Checkpoints(c, self.workdir, self.learner, self.mesh, self.model_dir, self.model_cfg,
@@ -131,6 +144,34 @@ class Trainer:
         self.ema = RewardEMA(span=c.trainer.ema_span)
         self.is_async = c.trainer.async_rl.mode != "sync"
         self.rollouts = None  # SyncRollouts / AsyncRollouts (process 0), made in run()
+
+    def _lock_workdir(self, only_existing: bool = False) -> None:
+        """Process 0 locks the workdir against a second run (`rundir.WorkdirLock`, kept in
+        `self.workdir_lock`) unless it holds it already; every process learns whether it could, so
+        that all of them stop together when another run holds it. Every process calls this at the
+        same points (it is collective in a multi-host job).
+
+        Args:
+          only_existing: lock only a workdir that exists already (a missing one is locked once created).
+        Raises:
+          RunDirError: another run holds the workdir (process 0's message names it and the fix).
+        """
+        error = None
+        if (self.is_main and self.workdir_lock is None
+                and (not only_existing or os.path.isdir(self.workdir))):
+            try:
+                self.workdir_lock = WorkdirLock.acquire(self.workdir)
+            except RunDirError as e:
+                error = e
+        if not all_processes_ok(error is None, "workdir_lock"):
+            raise error or RunDirError(f"trainer process 0 could not lock the workdir {self.workdir} (another run "
+                                       "uses it; process 0's error names it). Fix: wait until that run ends, or "
+                                       "pass another --workdir")
+
+    def close(self) -> None:
+        """Releases the workdir lock (idempotent); `run` does it at its end."""
+        if self.workdir_lock is not None:
+            self.workdir_lock.release()
 
     @staticmethod
     def _check_workdir(problem: Optional[str]) -> None:
@@ -439,4 +480,8 @@ def run(c, workdir: str, progress: bool = True) -> dict[str, Any]:
 
     absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax logs every save at INFO
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    return Trainer(c, workdir, progress=progress).run()
+    t = Trainer(c, workdir, progress=progress)
+    try:
+        return t.run()
+    finally:
+        t.close()

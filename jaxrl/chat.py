@@ -208,4 +208,6 @@ def _answer(session: Chat, text: str) -> None:
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     define_flags()
-    cli.run(main, __doc__, keys_hint=False)
+    cli.run(main, __doc__, keys_hint=False,
+            no_config_hint="; the prompt format comes from the run's rl_config.json (--run_config, default: next "
+                           "to --model) and the decoding from --temperature, --max_new_tokens, ...")

@@ -38,17 +38,33 @@ def help_text(doc: str, keys_hint: bool = True) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def run(main: Callable, doc: str, keys_hint: bool = True, argv: Optional[Sequence[str]] = None) -> None:
-    """`absl.app.run(main)` with a help that exits 0 and one-line command-line errors (exit 2)."""
+def run(main: Callable, doc: str, keys_hint: bool = True, argv: Optional[Sequence[str]] = None,
+        no_config_hint: str = "") -> None:
+    """`absl.app.run(main)` with a help that exits 0 and one-line command-line errors (exit 2).
+
+    `--config=RECIPE` may come after its `--config.KEY` overrides (it is moved first); overrides
+    without a recipe are a usage error that says to pass `--config=configs/<recipe>.py` (or, for a
+    command without a `--config` flag, that it takes none: `no_config_hint` says what it takes).
+    """
     from absl import app, flags
 
+    real = argv is None
     argv = list(sys.argv if argv is None else argv)
+    argv = argv[:1] + recipe_first(argv[1:])
+    if real:  # ml_collections reads its overrides from sys.argv itself
+        sys.argv[:] = argv
     if any(a in HELP_FLAGS for a in argv[1:]):
         sys.stdout.write(help_text(doc, keys_hint))
         sys.exit(0)
     if any(a in HELPFULL_FLAGS for a in argv[1:]):
         sys.stdout.write(help_text(doc, keys_hint) + "\nall flags:\n" + flags.FLAGS.get_help() + "\n")
         sys.exit(0)
+    overrides = _overrides(argv[1:])
+    if overrides and recipe_spec(argv[1:]) is None:
+        if "config" in flags.FLAGS:
+            usage_error(missing_recipe_message(overrides[0][0]))
+        usage_error(f"{overrides[0][0]}: this command has no --config recipe, so it takes no --config.KEY "
+                    f"overrides{no_config_hint}")
     quiet = not any(a.startswith(("--verbosity", "-v=", "--v=", "--logtostderr", "--alsologtostderr"))
                     or a in ("-v", "--v") for a in argv[1:])
 
@@ -71,7 +87,7 @@ def recipe_load_error(e: OSError, flag: str = "config") -> None:
 
     import os
 
-    spec = _recipe_spec(sys.argv[1:], flag)
+    spec = recipe_spec(sys.argv[1:], flag)
     path = spec.partition(":")[0] if spec else None
     error = config_lib.recipe_error(e, path) if path else None
     if error is None and path and not os.path.isfile(path):
@@ -80,6 +96,76 @@ def recipe_load_error(e: OSError, flag: str = "config") -> None:
     print(f"error: {error or str(e).splitlines()[-1].strip() + ': the --config recipe file could not be loaded'}",
           file=sys.stderr)
     sys.exit(2)
+
+
+def recipe_first(args: Sequence[str], flag: str = "config") -> list[str]:
+    """`args` with the recipe (`--config=R`, or `--config R`) moved before its first `--config.KEY`
+    override: ml_collections refuses an override that comes before the recipe."""
+    args = list(args)
+    for i, a in enumerate(args):
+        if a.startswith(f"--{flag}=") or (a == f"--{flag}" and i + 1 < len(args)):
+            spec = args[i:i + (1 if "=" in a else 2)]
+            first = next((j for j, b in enumerate(args) if b.startswith(f"--{flag}.")), None)
+            if first is None or first > i:
+                return args
+            rest = args[:i] + args[i + len(spec):]
+            return rest[:first] + spec + rest[first:]
+    return args
+
+
+def missing_recipe_message(arg: str, flag: str = "config") -> str:
+    """The usage error for a `--config.KEY=VALUE` override given without a recipe."""
+    return (f"{arg} overrides a key of a recipe, but no recipe was given. Fix: pass the recipe too, "
+            f"e.g. --{flag}=configs/rloo.py {arg} (the recipes are the files in configs/)")
+
+
+def take_overrides(args: Sequence[str], flag: str = "config") -> tuple[list[str], list[str]]:
+    """Splits `args` into the `--config.KEY=VALUE` / `--config.KEY VALUE` overrides and the rest
+    (for a command that applies them to a config it reads itself, not to a `--config` recipe)."""
+    rest, taken = [], []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith(f"--{flag}."):
+            if "=" in a or i + 1 >= len(args):
+                taken.append(a)
+            else:
+                taken.append(f"{a}={args[i + 1]}")
+                i += 1
+        else:
+            rest.append(a)
+        i += 1
+    return rest, taken
+
+
+def apply_overrides(c, overrides: Sequence[str], source: str, flag: str = "config"):
+    """A copy of config `c` (read from `source`, e.g. a run's rl_config.json) with the
+    `--config.KEY=VALUE` overrides applied as `--config=RECIPE` would apply them (same types and
+    checks). Exits 2 after one line (`flag_error_line`'s: the unknown key and the nearest one, or
+    the bad value and the type the key wants)."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    fv = flags.FlagValues()
+    argv = ["jaxrl", *overrides]
+    try:
+        config_flags.DEFINE_config_dict(flag, c.copy_and_resolve_references(), flag_values=fv, lock_config=True,
+                                        sys_argv=argv)
+        fv(argv)
+    except Exception as e:  # as in parse_flags: ml_collections raises AttributeError/KeyError/ValueError
+        print(f"error: {flag_error_line(e, argv, flag, recipe=(source, c))}", file=sys.stderr)
+        sys.exit(2)
+    return fv[flag].value
+
+
+def no_overrides(args: Sequence[str], prog: str, takes: str) -> Optional[str]:
+    """The one-line error for `--config.KEY` overrides given to a command that takes none
+    (`prog`, e.g. "python -m jaxrl.tasks"; `takes`: what it takes instead), or None."""
+    arg = next((a for a in args if a.startswith("--config.")), None)
+    if arg is None:
+        return None
+    return (f"{arg}: {prog} takes no --config.KEY overrides ({takes}); they go to a command that runs a recipe: "
+            "python -m jaxrl.main / jaxrl.evaluate / jaxrl.plan --config=configs/rloo.py --config.KEY=VALUE")
 
 
 def usage_error(message: str) -> None:
@@ -99,7 +185,8 @@ def parse_flags(argv: Sequence[str]):
         sys.exit(2)
 
 
-def _recipe_spec(argv: Sequence[str], flag: str = "config") -> Optional[str]:
+def recipe_spec(argv: Sequence[str], flag: str = "config") -> Optional[str]:
+    """The recipe given as `--config=R` or `--config R` in argv, or None."""
     for i, a in enumerate(argv):
         if a.startswith(f"--{flag}="):
             return a.split("=", 1)[1]
@@ -122,24 +209,26 @@ def _overrides(argv: Sequence[str], flag: str = "config") -> list[tuple[str, str
     return out
 
 
-def flag_error_line(e: BaseException, argv: Sequence[str], flag: str = "config") -> str:
+def flag_error_line(e: BaseException, argv: Sequence[str], flag: str = "config", recipe=None) -> str:
     """One line saying what is wrong with a command line that absl / ml_collections refused.
 
     A recipe file that does not compile or whose code raises: the file and line
     (`config.recipe_error`). An unknown `--config.KEY`: the full dotted KEY, the nearest valid key and the command that
     lists the keys. A value that does not parse: the value as typed (quoted), the type the key
-    wants and the recipe's value. Anything else: the library's message on one line.
+    wants and the recipe's value. Anything else: the library's message on one line. `recipe`:
+    `(source, ConfigDict)` the overrides apply to, when it is not a `--config=` recipe in argv.
     """
     from jaxrl import config as config_lib
 
-    spec = _recipe_spec(argv, flag)
+    spec = recipe_spec(argv, flag)
     if spec is not None:  # a syntax error in the recipe file, or an exception of its code
         error = config_lib.recipe_error(e, spec.partition(":")[0])
         if error is not None:
             return str(error)
     overrides = _overrides(argv, flag)
-    recipe = None
-    if spec is not None and overrides:
+    if recipe is not None:
+        spec, recipe = recipe
+    elif spec is not None and overrides:
         try:
             recipe = config_lib.load_recipe(spec)
         except Exception:  # noqa: BLE001 - the recipe's own error is reported by the library message below

@@ -109,6 +109,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p_diff = sub.add_parser("diff", help="the keys two recipes (or two runs' rl_config.json) set differently")
     p_diff.add_argument("a")
     p_diff.add_argument("b")
+    from jaxrl import cli
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    problem = cli.no_overrides(argv, "python -m jaxrl.config", "it lists the keys those overrides take")
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    spec = cli.recipe_spec(argv)
+    if spec is not None and argv[:1] == ["show"]:  # `show --config=RECIPE`, as jaxrl.main takes it
+        i = next(i for i, a in enumerate(argv) if a == "--config" or a.startswith("--config="))
+        argv = ["show", spec] + argv[1:i] + argv[i + (1 if "=" in argv[i] else 2):]
     args = parser.parse_args(argv)
     try:
         lines = show_lines(args.recipe, args.prefix) if args.command == "show" else diff_lines(args.a, args.b)

@@ -12,7 +12,8 @@ the `data.eval_fraction` share of a dataset), each generated once with
 settings, a success when its reward >= `trainer.success_threshold`. So the number for a run's
 best/ equals the "best-EMA checkpoint" number of its report.md, and the starting model's equals
 the report's "start". Without --config, the run config next to --model is used (best/rl_config.json,
-or WORKDIR/rl_config.json for WORKDIR/sync/<version>).
+or WORKDIR/rl_config.json for WORKDIR/sync/<version>); --config.KEY=VALUE overrides apply to it
+(python -m jaxrl.evaluate --model runs/rloo/best --config.data.num_eval_prompts=1000).
 
 Prints the held-out success on stdout; --output writes it with every prompt, answer and reward as
 JSON. Exit status 2 (one line) for a model or config that cannot be used.
@@ -35,6 +36,8 @@ from jaxrl import cli
 _CONFIG = None
 _MODEL = None
 _OUTPUT = None
+# --config.KEY=VALUE overrides given without --config: applied to the run config next to --model.
+_RUN_CONFIG_OVERRIDES: list[str] = []
 
 
 def define_flags() -> None:
@@ -137,6 +140,9 @@ def main(argv):
                 raise policy.PolicyError(f"no rl_config.json next to --model {model!r}. Fix: pass "
                                          "--config=<recipe> (e.g. configs/rloo.py) to choose the held-out set")
             c, source = policy.read_run_config(path), path
+            if _RUN_CONFIG_OVERRIDES:
+                c = cli.apply_overrides(c, _RUN_CONFIG_OVERRIDES, path)
+                source = f"{path} with {' '.join(_RUN_CONFIG_OVERRIDES)}"
         r = evaluate_policy(model, c, source)
     except (policy.PolicyError, DatasetError, ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -155,4 +161,6 @@ def main(argv):
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     define_flags()
+    if cli.recipe_spec(sys.argv[1:]) is None:  # no recipe: the overrides apply to the run config next to --model
+        sys.argv[1:], _RUN_CONFIG_OVERRIDES = cli.take_overrides(sys.argv[1:])
     cli.run(main, __doc__)

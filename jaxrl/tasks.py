@@ -155,6 +155,13 @@ def main(argv=None) -> int:
     sp.add_argument("--empty", action="store_true", help="run the empty agent instead of the oracle")
     sp.set_defaults(fn=cmd_run_oracle)
 
+    from jaxrl import cli
+
+    problem = cli.no_overrides(sys.argv[1:] if argv is None else argv, "python -m jaxrl.tasks",
+                               "its settings are its options, see --help")
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if getattr(args, "concurrency", None) is not None and args.concurrency < 1:

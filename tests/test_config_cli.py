@@ -124,6 +124,45 @@ def test_bad_config_flags_are_one_line_with_the_full_key(tmp_path, arg, expected
     assert not wd.exists()
 
 
+@pytest.mark.parametrize("module", ["jaxrl.main", "jaxrl.plan"])
+def test_overrides_without_a_recipe_say_to_pass_one(tmp_path, module):
+    """`--config.KEY=...` without `--config=` was absl's "Unknown command line flag 'config.KEY'"."""
+    out = _run(module, "--config.trainer.num_steps=2", f"--workdir={tmp_path / 'run'}"
+               if module == "jaxrl.main" else "--num_devices=1")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert out.stderr.startswith("error: --config.trainer.num_steps=2 overrides a key of a recipe, but no recipe "
+                                 "was given. Fix: pass the recipe too, e.g. --config=configs/rloo.py "
+                                 "--config.trainer.num_steps=2"), out.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_recipe_may_follow_its_overrides():
+    """ml_collections refused `--config.KEY=V --config=R` ("Found ... before a value for --config")."""
+    for recipe in (["--config=configs/rloo.py"], ["--config", "configs/rloo.py"]):
+        out = _run("jaxrl.plan", "--config.mesh.fsdp=abc", *recipe)
+        assert out.returncode == 2, out.stderr
+        assert out.stderr == ("error: config key `mesh.fsdp`: 'abc' is not a valid int value (the recipe has -1). "
+                              "Fix: e.g. --config.mesh.fsdp=-1\n"), out.stderr
+
+
+@pytest.mark.parametrize("command,takes", [
+    (["jaxrl.chat", "--model=runs/rloo/best"], "this command has no --config recipe, so it takes no --config.KEY "
+                                               "overrides; the prompt format comes from the run's rl_config.json"),
+    (["jaxrl.tasks", "check"], "python -m jaxrl.tasks takes no --config.KEY overrides"),
+    (["jaxrl.config", "show", "configs/rloo.py"], "python -m jaxrl.config takes no --config.KEY overrides"),
+])
+def test_commands_without_a_recipe_say_they_take_no_overrides(command, takes):
+    out = _run(*command, "--config.trainer.num_steps=2")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert out.stderr.startswith(f"error: --config.trainer.num_steps=2: {takes}"), out.stderr
+
+
+def test_config_show_takes_the_recipe_as_jaxrl_main_does():
+    out = _run("jaxrl.config", "show", "--config=configs/rloo.py", "mesh")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == _run("jaxrl.config", "show", "configs/rloo.py", "mesh").stdout
+
+
 def test_nearest_key():
     keys = list(_leaves(base_config()))
     assert config_lib.nearest_key("trainer.lr", keys) == "trainer.optimizer.lr"

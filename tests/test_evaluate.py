@@ -104,6 +104,22 @@ def test_evaluate_reproduces_the_reports_numbers(run, tmp_path):
     assert evaluate.evaluate_policy(DEFAULT_POLICY_DIR, c)["success_rate"] == s["initial_eval"]
 
 
+def test_evaluate_overrides_apply_to_the_run_config_next_to_the_model(run, tmp_path):
+    """`--config.KEY=...` without `--config=` was absl's "Unknown command line flag"; now it
+    changes the run config next to --model, with the same checks as a recipe's overrides."""
+    wd = run["wd"]
+    out = _run("jaxrl.evaluate", f"--model={wd}/best", "--config.data.num_eval_prompts=4",
+               f"--output={tmp_path}/four.json")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (f"on the held-out set of {wd}/best/rl_config.json with --config.data.num_eval_prompts=4: 4 prompts "
+            "of 10% of data.dataset_path") in out.stdout, out.stdout
+    assert json.load(open(tmp_path / "four.json"))["num_prompts"] == 4
+    bad = _run("jaxrl.evaluate", f"--model={wd}/best", "--config.data.num_eval_promts=4", timeout=120)
+    assert bad.returncode == 2 and bad.stderr == (
+        "error: unknown config key `data.num_eval_promts` (in --config.data.num_eval_promts=4); did you mean "
+        f"`data.num_eval_prompts`? List the keys with: python -m jaxrl.config show {wd}/best/rl_config.json\n")
+
+
 def test_exported_best_prompts_like_training_in_transformers(run):
     from transformers import AutoTokenizer, GenerationConfig
 

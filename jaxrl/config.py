@@ -495,15 +495,24 @@ def recipe_error(e: BaseException, path: str) -> Optional[ConfigError]:
     `get_config`), or an exception chained to it (ml_collections re-raises a recipe's TypeError /
     ValueError with the traceback as text, and defers an OSError behind another): a SyntaxError
     names its own file and line; any other exception the last line of `path` in its traceback.
-    None when no exception of the chain came from `path`.
+    None when no exception of the chain came from `path`. A ConfigError in the chain (jaxrl's own
+    one-line error with its fix, such as an unknown scale) is returned as it is: the recipe's line
+    that called into jaxrl is not where the problem is.
     """
     import traceback
 
     target = os.path.realpath(path)
     seen: set[int] = set()
+    chain: list[BaseException] = []
     err: Optional[BaseException] = e
     while err is not None and id(err) not in seen:
         seen.add(id(err))
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    own = [x for x in chain if isinstance(x, ConfigError)]
+    if own:  # the innermost: ml_collections re-raises it with the traceback in the message
+        return ConfigError(" ".join(str(own[-1]).split()))
+    for err in chain:
         if isinstance(err, SyntaxError) and err.filename and os.path.isfile(err.filename):
             where, line, text = err.filename, err.lineno, err.msg
         else:
@@ -515,7 +524,6 @@ def recipe_error(e: BaseException, path: str) -> Optional[ConfigError]:
         if line is not None:
             return ConfigError(f"--config: recipe file {where}, line {line}: {type(err).__name__}: {text}. "
                                f"Fix: correct line {line} of {where}")
-        err = err.__cause__ or err.__context__
     return None
 
 
@@ -531,17 +539,19 @@ def load_recipe(spec: str) -> ml_collections.ConfigDict:
 
     path, sep, arg = spec.partition(":")
     if not os.path.isfile(path):
-        raise ConfigError("--config", f"recipe file {path!r} does not exist",
-                          "pass a recipe such as configs/rloo.py (or configs/rloo.py:qwen3_8b)")
+        raise ConfigError(f"recipe file {path!r} does not exist. Fix: pass a recipe such as configs/rloo.py "
+                          "(or configs/rloo.py:qwen3_8b)")
     name = "jaxrl_recipe_" + os.path.splitext(os.path.basename(path))[0]
     module_spec = importlib.util.spec_from_file_location(name, path)
     if module_spec is None or module_spec.loader is None:
-        raise ConfigError("--config", f"{path!r} is not a Python recipe file", "pass a .py file with get_config()")
+        raise ConfigError(f"{path!r} is not a Python recipe file. Fix: pass a .py file with get_config(), such as "
+                          "configs/rloo.py")
     module = importlib.util.module_from_spec(module_spec)
     try:
         module_spec.loader.exec_module(module)
         if not hasattr(module, "get_config"):
-            raise ConfigError("--config", f"{path!r} defines no get_config()", "pass a recipe such as configs/rloo.py")
+            raise ConfigError(f"recipe file {path!r} defines no get_config(). Fix: pass a recipe such as "
+                              "configs/rloo.py")
         return module.get_config(arg) if sep else module.get_config()
     except ConfigError:
         raise
@@ -597,8 +607,9 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     """
     scale = scale or "cpu"
     if scale not in SCALES:
-        raise ConfigError("config string", f"unknown scale {scale!r}",
-                          f"use one of {[s for s in SCALES if s]}, e.g. --config=configs/rloo.py:qwen3_8b")
+        raise ConfigError(f"unknown scale {scale!r} in the config string (RECIPE.py:SCALE); the scales are "
+                          f"{', '.join(s for s in SCALES if s)} (cpu is the default: no :SCALE). "
+                          "Fix: e.g. --config=configs/rloo.py or --config=configs/rloo.py:qwen3_8b")
     c.scale = scale
     if scale == "cpu":
         c.trainer.optimizer.lr = 1e-4 if c.trainer.optimizer.lr == 8e-6 else c.trainer.optimizer.lr

@@ -5,7 +5,8 @@
   python -m jaxrl.config diff configs/rloo.py configs/seqmean.py
   python -m jaxrl.config diff runs/a/rl_config.json runs/b/rl_config.json       # two runs' resolved configs
 
-A recipe is `path/to/recipe.py[:scale]` (what `--config=` takes) or a run's `rl_config.json`.
+A recipe is `path/to/recipe.py[:scale]` (what `--config=` takes), a run's `rl_config.json` or the
+run's workdir.
 Every key can be overridden on the command line of `jaxrl.main`: `--config.KEY=VALUE`. The
 meanings come from `jaxrl.config.KEY_DOCS`.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Optional, Sequence
 
@@ -22,21 +24,28 @@ _VALUE_WIDTH = 20  # a longer value pushes the rest of its line right
 
 
 def load(spec: str) -> dict[str, Any]:
-    """Flat `{dotted key: value}` of a recipe spec or an `rl_config.json` (JSON lists as tuples).
+    """Flat `{dotted key: value}` of a recipe spec, an `rl_config.json` or a run directory holding
+    one (JSON lists as tuples).
 
     Raises:
       ConfigError: a missing or unloadable recipe (see `config.load_recipe`), or a JSON file that
         is not a config object.
     """
+    if os.path.isdir(spec):  # a run directory: its resolved config
+        if not os.path.isfile(os.path.join(spec, "rl_config.json")):
+            raise config_lib.ConfigError(f"{spec} is a directory without an rl_config.json. Fix: pass a recipe "
+                                         "such as configs/rloo.py, a run's rl_config.json or its workdir")
+        spec = os.path.join(spec, "rl_config.json")
     if spec.endswith(".json"):
         try:
             with open(spec) as f:
                 obj = json.load(f)
         except (OSError, json.JSONDecodeError) as e:
-            raise config_lib.ConfigError(spec, f"cannot read the config JSON ({e})",
-                                         "pass a run's rl_config.json or a recipe such as configs/rloo.py") from None
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise config_lib.ConfigError(f"{spec}: cannot read the config JSON ({reason}). Fix: pass a run's "
+                                         "rl_config.json or a recipe such as configs/rloo.py") from None
         if not isinstance(obj, dict):
-            raise config_lib.ConfigError(spec, "is not a JSON object", "pass a run's rl_config.json")
+            raise config_lib.ConfigError(f"{spec}: not a JSON object. Fix: pass a run's rl_config.json")
         return {k: tuple(v) if isinstance(v, list) else v for k, v in config_lib.flatten(obj).items()}
     return config_lib.flatten(config_lib.load_recipe(spec))
 
@@ -100,15 +109,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command; returns the exit status (0, or 2 after a one-line error)."""
     parser = argparse.ArgumentParser(
         prog="python -m jaxrl.config", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
-        epilog="A recipe is path/to/recipe.py[:scale] (as --config= takes) or a run's rl_config.json.",
+        epilog="examples:\n" + __doc__.split("\n\n")[1] + "\n\nA recipe is path/to/recipe.py[:scale] (as --config= "
+               "takes), a run's rl_config.json or its workdir.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p_show = sub.add_parser("show", help="every key of a recipe with its value, type and meaning")
-    p_show.add_argument("recipe", help="e.g. configs/rloo.py or configs/rloo.py:qwen3_8b")
+    p_show.add_argument("recipe", nargs="?", help="e.g. configs/rloo.py or configs/rloo.py:qwen3_8b")
     p_show.add_argument("prefix", nargs="*", help="only the keys that start with one of these (e.g. trainer.optimizer)")
     p_diff = sub.add_parser("diff", help="the keys two recipes (or two runs' rl_config.json) set differently")
-    p_diff.add_argument("a")
-    p_diff.add_argument("b")
+    p_diff.add_argument("a", nargs="?", help="a recipe, a run's rl_config.json or its workdir")
+    p_diff.add_argument("b", nargs="?", help="the same for the other side")
     from jaxrl import cli
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -120,7 +130,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if spec is not None and argv[:1] == ["show"]:  # `show --config=RECIPE`, as jaxrl.main takes it
         i = next(i for i, a in enumerate(argv) if a == "--config" or a.startswith("--config="))
         argv = ["show", spec] + argv[1:i] + argv[i + (1 if "=" in argv[i] else 2):]
+    if not argv:  # argparse would say only "the following arguments are required: command"
+        parser.print_help(sys.stderr)
+        return 2
     args = parser.parse_args(argv)
+    # argparse would say "the following arguments are required: recipe, prefix" (prefix is optional)
+    if args.command == "show" and args.recipe is None:
+        parser.exit(2, "error: config show needs a recipe: python -m jaxrl.config show configs/rloo.py [PREFIX ...] "
+                       "(the recipes are the files in configs/; PREFIX, optional, keeps the keys starting with it)\n")
+    if args.command == "diff" and args.b is None:
+        parser.exit(2, "error: config diff needs two configs: python -m jaxrl.config diff configs/rloo.py "
+                       "configs/grpo.py (each a recipe, a run's rl_config.json or its workdir)\n")
     try:
         lines = show_lines(args.recipe, args.prefix) if args.command == "show" else diff_lines(args.a, args.b)
     except config_lib.ConfigError as e:

@@ -163,6 +163,50 @@ def test_config_show_takes_the_recipe_as_jaxrl_main_does():
     assert out.stdout == _run("jaxrl.config", "show", "configs/rloo.py", "mesh").stdout
 
 
+def test_config_show_and_diff_without_their_arguments_say_what_to_pass():
+    """`config show` alone said "the following arguments are required: recipe, prefix" (prefix is optional)."""
+    out = _run("jaxrl.config", "show")
+    assert out.returncode == 2 and out.stderr == (
+        "error: config show needs a recipe: python -m jaxrl.config show configs/rloo.py [PREFIX ...] (the recipes "
+        "are the files in configs/; PREFIX, optional, keeps the keys starting with it)\n"), out.stderr
+    out = _run("jaxrl.config", "diff", "configs/rloo.py")
+    assert out.returncode == 2 and out.stderr.startswith("error: config diff needs two configs: python -m "
+                                                         "jaxrl.config diff configs/rloo.py configs/grpo.py"), out.stderr
+    out = _run("jaxrl.config")
+    assert out.returncode == 2 and "python -m jaxrl.config show configs/rloo.py" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("command", [["jaxrl.main", "--config=configs/rloo.py:foo"],
+                                     ["jaxrl.plan", "--config=configs/rloo.py:foo"],
+                                     ["jaxrl.config", "show", "configs/rloo.py:foo"]])
+def test_an_unknown_scale_is_one_message_listing_the_scales(command):
+    """It blamed the recipe's line 26 (the call of apply_scale) and carried two "Fix:" parts."""
+    out = _run(*command)
+    assert out.returncode == 2 and out.stderr == (
+        "error: unknown scale 'foo' in the config string (RECIPE.py:SCALE); the scales are cpu, qwen3_8b (cpu is "
+        "the default: no :SCALE). Fix: e.g. --config=configs/rloo.py or --config=configs/rloo.py:qwen3_8b\n"), out.stderr
+
+
+def test_config_diff_errors_name_files_as_files(tmp_path):
+    """A missing file was called a "config key" (`config key `--config`: recipe file ...`)."""
+    out = _run("jaxrl.config", "diff", "configs/rloo.py", "configs/nope.py")
+    assert out.returncode == 2 and out.stderr == ("error: recipe file 'configs/nope.py' does not exist. Fix: pass a "
+                                                  "recipe such as configs/rloo.py (or configs/rloo.py:qwen3_8b)\n")
+    missing = tmp_path / "rl_config.json"
+    out = _run("jaxrl.config", "diff", "configs/rloo.py", str(missing))
+    assert out.returncode == 2 and out.stderr == (f"error: {missing}: cannot read the config JSON (No such file or "
+                                                  "directory). Fix: pass a run's rl_config.json or a recipe such as "
+                                                  "configs/rloo.py\n"), out.stderr
+    assert "config key" not in _run("jaxrl.config", "show", "README.md").stderr
+    # A run's workdir stands for its rl_config.json.
+    c = config_lib.load_recipe("configs/rloo.py")
+    c.trainer.num_steps = 7
+    config_lib.write_json_atomic(str(missing), config_lib.to_json_dict(c))
+    out = _run("jaxrl.config", "diff", "configs/rloo.py", str(tmp_path))
+    assert out.returncode == 0 and [line.split() for line in out.stdout.splitlines()[2:]] == [
+        ["trainer.num_steps", "60", "7"]], out.stdout + out.stderr
+
+
 def test_nearest_key():
     keys = list(_leaves(base_config()))
     assert config_lib.nearest_key("trainer.lr", keys) == "trainer.optimizer.lr"

@@ -250,3 +250,28 @@ def test_wall_time_counts_every_launch_of_a_resumed_run(tmp_path, capsys):
     assert (third.total(), third.launches) == (0.0, 1)
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and str(tmp_path / WALL_TIME_FILE) in err, err
+
+
+def test_resuming_with_another_config_lists_every_differing_key_old_to_new(tmp_path):
+    """The error led with the alphabetically first differing key ("config key `seed`: ...") and
+    gave no values; now: every key, the run's value -> this command's, and the fix, on one line."""
+    from jaxrl.config import ConfigError, base_config
+    from jaxrl.train.rundir import check_resume_config
+
+    wd = str(tmp_path)
+    check_resume_config(base_config(), wd, write=True)
+    before = open(os.path.join(wd, "rl_config.json")).read()
+    c = base_config()
+    c.seed, c.trainer.train_batch_size, c.trainer.optimizer.lr = 1, 32, 2e-4
+    c.trainer.num_steps = 99  # may change on resume: not listed
+    with pytest.raises(ConfigError) as e:
+        check_resume_config(c, wd, write=True)
+    assert str(e.value) == (
+        f"the workdir {wd} holds a run with another config, so this command cannot resume it: 3 keys differ (the "
+        "run's rl_config.json -> this command): seed 0 -> 1; trainer.optimizer.lr 8e-06 -> 0.0002; "
+        "trainer.train_batch_size 64 -> 32. Fix: to resume, rerun with the run's values (only trainer.num_steps, "
+        "generator.sidecar_urls, trainer.optimizer.offload may change); for a new run, pass another --workdir")
+    assert open(os.path.join(wd, "rl_config.json")).read() == before
+    c = base_config()
+    c.trainer.num_steps = 99
+    check_resume_config(c, wd, write=True)  # a resumable change only

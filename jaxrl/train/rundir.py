@@ -232,12 +232,40 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def _short(value, limit: int = 40) -> str:
+    text = repr(tuple(value) if isinstance(value, list) else value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def resume_mismatch_message(workdir: str, old: dict, new: dict) -> Optional[str]:
+    """The one-line error for resuming the run in `workdir` (flat config `old`, its rl_config.json)
+    with another flat config `new`, or None when they match (keys in `RESUMABLE_CHANGES` may differ).
+
+    Lists every differing key as `key old -> new`: first the keys both configs have (what a
+    command-line override or another recipe changes), then the keys only one has (another jaxrl
+    version; an absent key matches None, as a key added with default None does not stop a resume),
+    each group in key order."""
+    diff = [k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUMABLE_CHANGES]
+    if not diff:
+        return None
+    both = sorted(k for k in diff if k in old and k in new)
+    one = sorted(k for k in diff if k not in both)
+    show = lambda d, k: _short(d[k]) if k in d else "(absent)"  # noqa: E731
+    pairs = "; ".join(f"{k} {show(old, k)} -> {show(new, k)}" for k in both + one)
+    n = len(diff)
+    return (f"the workdir {workdir} holds a run with another config, so this command cannot resume it: {n} "
+            f"key{'s' if n > 1 else ''} differ{'' if n > 1 else 's'} (the run's rl_config.json -> this command): "
+            f"{pairs}. Fix: to resume, rerun with the run's values (only {', '.join(RESUMABLE_CHANGES)} may "
+            "change); for a new run, pass another --workdir")
+
+
 def check_resume_config(c, workdir: str, write: bool) -> None:
     """Compares `c` with the `rl_config.json` of a run already in `workdir` (keys in
     `RESUMABLE_CHANGES` may differ), then writes `c` there when `write` (process 0).
 
     Raises:
-      ConfigError: the workdir holds a run with another config (names the first differing key).
+      ConfigError: the workdir holds a run with another config (`resume_mismatch_message`: every
+        differing key with the run's value and this command's, and the fix).
       RunDirError: its rl_config.json cannot be read.
     """
     path = os.path.join(workdir, "rl_config.json")
@@ -246,12 +274,9 @@ def check_resume_config(c, workdir: str, write: bool) -> None:
         old = read_json_object(path, "resolved config of the run in this workdir",
                                "restore the file, delete it to resume under the config of this command, "
                                "or use a new --workdir")
-        a, b = _flatten(old), _flatten(new)
-        diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES)
-        if diff:
-            raise config_lib.ConfigError(
-                diff[0], f"the workdir {workdir} holds a run with a different config "
-                f"(differs in: {', '.join(diff[:8])})", "resume with the same command, or use a new --workdir")
+        message = resume_mismatch_message(workdir, _flatten(old), _flatten(new))
+        if message:
+            raise config_lib.ConfigError(message)
     if write:
         config_lib.write_json_atomic(path, new)
 

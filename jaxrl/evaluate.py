@@ -88,16 +88,24 @@ def evaluate_policy(model: str, c, config_source: str = "") -> dict[str, Any]:
     sampler, tokenizer_dir, what = policy.load_engine(model, c, max_seq_len=config_lib.rollout_max_seq_len(c),
                                                       max_batch_rows=evaluation.engine_batch_rows(c))
     chat = policy.training_chat_template(tokenizer_dir, c.generator.enable_thinking)
-    make_env, rollout_cfg = None, evaluation.rollout_config
+    make_env, rollout_cfg, trials_root = None, evaluation.rollout_config, None
     if source.harbor is not None:  # Harbor terminal tasks: each a sandboxed trial (trial dirs in a temp folder)
         import dataclasses
         import tempfile
 
-        make_env = source.harbor.make_env_factory(tempfile.mkdtemp(prefix="jaxrl-eval-"))
+        trials_root = tempfile.mkdtemp(prefix="jaxrl-eval-")
+        make_env = source.harbor.make_env_factory(trials_root)
         rollout_cfg = lambda c, n: dataclasses.replace(  # noqa: E731
             evaluation.rollout_config(c, n), env_workers=source.harbor.concurrency(len(tasks) * n))
-    result, trajs = evaluation.evaluate(
-        c, tasks, lambda t, sampling, n: run_rollouts(sampler, chat, t, sampling, rollout_cfg(c, n), make_env=make_env))
+    try:
+        result, trajs = evaluation.evaluate(
+            c, tasks, lambda t, sampling, n: run_rollouts(sampler, chat, t, sampling, rollout_cfg(c, n),
+                                                          make_env=make_env))
+    finally:
+        if trials_root is not None:  # the trials' files were never shown; the folder was left behind
+            import shutil
+
+            shutil.rmtree(trials_root, ignore_errors=True)
     rate = result["eval/success_rate"]
     return {
         "success_rate": rate, "avg_reward": result["eval/avg_reward"], "num_prompts": len(trajs),

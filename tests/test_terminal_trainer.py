@@ -79,7 +79,20 @@ def test_two_steps_on_terminal_tasks_with_the_verifier_gate(tmp_path):
     assert rec["episode"] and "commands" in rec["episode"][0] and rec["instruction"].startswith("Create the file")
     report = (wd / "report.md").read_text()
     assert "held-out success" in report and "1 task(s) excluded by the verifier sanity gate" in report
-    assert not list((wd / "trials").iterdir())  # trial directories are removed (harbor.keep_trial_logs=False)
+    # harbor.keep_trial_logs=False: every trial directory is removed, and so is trials/ (it was left empty)
+    assert not (wd / "trials").exists()
+
+
+def test_an_empty_trials_folder_is_removed_and_one_with_logs_kept(tmp_path):
+    from jaxrl.train.harbor import remove_empty_trials_dir
+
+    remove_empty_trials_dir(str(tmp_path))  # no trials/ (no trial ran): nothing to do
+    (tmp_path / "trials").mkdir()
+    remove_empty_trials_dir(str(tmp_path))
+    assert not (tmp_path / "trials").exists()
+    (tmp_path / "trials" / "t0" / "logs").mkdir(parents=True)  # harbor.keep_trial_logs=True
+    remove_empty_trials_dir(str(tmp_path))
+    assert (tmp_path / "trials" / "t0" / "logs").is_dir()
 
 
 def test_harbor_config_keys_are_validated(tmp_path):

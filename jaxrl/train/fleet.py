@@ -141,11 +141,16 @@ class Fleet:
         return path
 
     def close(self) -> None:
-        """Stops the trainer-owned sidecars and closes the client."""
+        """Stops the trainer-owned sidecars, closes the client and removes an empty trials/ folder
+        (Harbor runs that keep no trial logs)."""
         for sp in self.sidecars:
             sp.stop()
         if self.client is not None:
             self.client.close()
+        if self.make_env is not None:
+            from jaxrl.train.harbor import remove_empty_trials_dir
+
+            remove_empty_trials_dir(self.workdir)
 
     def restart_dead(self) -> bool:
         """Restarts every trainer-owned sidecar process that has exited; True if any had.

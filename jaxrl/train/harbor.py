@@ -110,16 +110,29 @@ class HarborTasks:
         return max(1, min(num_trials, max(16, 8 * default_concurrency())))
 
     def make_env_factory(self, workdir: str) -> TerminusEnvFactory:
-        """The `make_env` of this run's rollouts (trial directories under `workdir/trials/`)."""
+        """The `make_env` of this run's rollouts (trial directories under `workdir/trials/`; with
+        `harbor.keep_trial_logs=False` each is removed when its trial ends, and `remove_empty_trials_dir`
+        removes the folder at the end of the run)."""
         h = self.c.harbor
         trial = TrialConfig(agent_timeout_sec=h.agent_timeout_sec or None,
                             verifier_timeout_sec=h.verifier_timeout_sec or None,
                             command_timeout_sec=float(h.command_timeout_sec),
                             keep="logs" if h.keep_trial_logs else "none")
-        trials_dir = os.path.join(workdir, "trials")
-        os.makedirs(trials_dir, exist_ok=True)
+        trials_dir = os.path.join(workdir, "trials")  # created by the first trial
         return TerminusEnvFactory(AgentConfig(prompt_style=h.prompt_style, max_output_bytes=int(h.max_output_bytes),
                                               trial=trial, trials_dir=trials_dir))
+
+
+def remove_empty_trials_dir(workdir: str) -> None:
+    """Removes `workdir/trials/` when no trial left anything in it (`harbor.keep_trial_logs=False`:
+    every trial removes its own directory); a folder holding trial logs stays."""
+    import errno
+
+    try:
+        os.rmdir(os.path.join(workdir, "trials"))
+    except OSError as e:
+        if e.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EEXIST):
+            raise
 
 
 def is_harbor_run(c) -> bool:

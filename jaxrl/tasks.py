@@ -36,6 +36,24 @@ def _load(args):
     return tasks
 
 
+def _pytest_problem(tasks, config: TrialConfig):
+    """Why the tasks of the `python` profile (verifiers that run pytest) cannot run here, naming
+    how many need it and the fix, or None (before any trial starts, not as a failure mid-check)."""
+    from jaxrl.envs.harbor import UnsupportedEnvironmentError
+    from jaxrl.envs.harbor.profiles import find_python
+
+    needs = [t for t in tasks if t.environment.profile == "python"]
+    if not needs:
+        return None
+    try:
+        find_python(config.sandbox.python)
+    except UnsupportedEnvironmentError as e:
+        return (f"{len(needs)} of the {len(tasks)} tasks (e.g. {needs[0].name}) use the `python` profile, whose "
+                f"verifiers run pytest inside the sandbox; {e}. To check only the other tasks, pass --task NAME "
+                "(python -m jaxrl.tasks list shows each task's profile)")
+    return None
+
+
 def cmd_check(args) -> int:
     tasks = _load(args)
     if args.task:
@@ -45,6 +63,10 @@ def cmd_check(args) -> int:
             return 2
     config = _trial_config(args, keep="all" if args.trials_dir else "none")
     check_sandbox(config.sandbox)
+    problem = _pytest_problem(tasks, config)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     n = args.concurrency or default_concurrency()
     print(f"checking {len(tasks)} tasks from {args.path} ({n} trials at a time)...", file=sys.stderr)
     t0 = time.monotonic()

@@ -230,3 +230,21 @@ def test_sidecar_checkpoint_and_token_file_errors_are_one_line(paths):
         with pytest.raises(SystemExit) as e:
             call()
         assert isinstance(e.value.code, str) and e.value.code.startswith(message), e.value.code
+
+
+def test_tasks_check_without_pytest_says_which_tasks_need_it_and_how_to_get_it(tmp_path, monkeypatch, capsys):
+    """The plain `pip install -e .` has no pytest, which the `python` profile's verifiers run; the
+    check said only "no Python with pytest", not which tasks need it nor that the dev extra has it."""
+    from jaxrl import tasks
+
+    no_pytest = tmp_path / "python-without-pytest"  # the running Python without site-packages
+    no_pytest.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    no_pytest.chmod(0o755)
+    monkeypatch.setenv("JAXRL_SANDBOX_PYTHON", str(no_pytest))
+    monkeypatch.setattr(tasks, "check_sandbox", lambda config: None)  # no bubblewrap needed for this check
+    assert tasks.main(["check"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.match(r"error: \d+ of the 38 tasks \(e\.g\. jaxrl/\S+\) use the `python` profile, "
+                                      "whose verifiers run pytest inside the sandbox; no Python with pytest", err[0])
+    assert "the plain `pip install -e .` has none, `pip install -e '.[dev]'` has it" in err[0]
+    assert "To check only the other tasks, pass --task NAME" in err[0]

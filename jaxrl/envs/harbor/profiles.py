@@ -239,7 +239,8 @@ def find_python(path: Optional[str] = None) -> PythonRuntime:
             return rt
     raise UnsupportedEnvironmentError(
         f"no Python with pytest for the sandbox's `python` profile (tried {', '.join(candidates)}): "
-        "install pytest into one of them (`pip install pytest`, or `apt-get install python3-pytest`) "
+        "install pytest into one of them (`pip install pytest`: the plain `pip install -e .` has none, "
+        "`pip install -e '.[dev]'` has it; or `apt-get install python3-pytest`) "
         "or point JAXRL_SANDBOX_PYTHON / sandbox.python at a Python that has it")
 
 

@@ -67,6 +67,9 @@ def test_the_lock_dies_with_a_killed_holder(holder):
 def test_one_process_may_reopen_its_own_workdir_and_the_last_release_unlocks(tmp_path):
     wd = str(tmp_path)
     a = WorkdirLock.acquire(wd)
+    # Not passed to child processes (sidecars, sandboxes): a child left running after a kill -9 of
+    # the trainer would otherwise keep the workdir locked.
+    assert not os.get_inheritable(WorkdirLock._held[a.path][0])
     b = WorkdirLock.acquire(wd)  # the same process again (tests build several trainers on one workdir)
     a.release()
     a.release()  # idempotent: does not drop b's hold

@@ -226,8 +226,9 @@ def flag_error_line(e: BaseException, argv: Sequence[str], flag: str = "config",
         if error is not None:
             return str(error)
     overrides = _overrides(argv, flag)
+    has = "the recipe has"
     if recipe is not None:
-        spec, recipe = recipe
+        (spec, recipe), has = recipe, "the config has"
     elif spec is not None and overrides:
         try:
             recipe = config_lib.load_recipe(spec)
@@ -253,7 +254,7 @@ def flag_error_line(e: BaseException, argv: Sequence[str], flag: str = "config",
                         f"--{flag}.{example}={leaves[example]!r}. List the keys with: {list_cmd} {key}")
             current = leaves[key]
             want = config_lib.key_type(key, current)
-            return (f"config key `{key}`: {value!r} is not a valid {want} value (the recipe has {current!r}). "
+            return (f"config key `{key}`: {value!r} is not a valid {want} value ({has} {current!r}). "
                     f"Fix: e.g. --{flag}.{key}={current!r}")
     return _library_message(e)
 

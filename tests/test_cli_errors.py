@@ -248,3 +248,21 @@ def test_tasks_check_without_pytest_says_which_tasks_need_it_and_how_to_get_it(t
                                       "whose verifiers run pytest inside the sandbox; no Python with pytest", err[0])
     assert "the plain `pip install -e .` has none, `pip install -e '.[dev]'` has it" in err[0]
     assert "To check only the other tasks, pass --task NAME" in err[0]
+
+
+def test_overrides_apply_to_a_run_config_with_the_recipe_checks(capsys):
+    """jaxrl.evaluate without --config applies --config.KEY=VALUE to the run config next to --model
+    (cli.apply_overrides; end to end in test_evaluate.py)."""
+    c = base_config()
+    got = cli.apply_overrides(c, ["--config.data.num_eval_prompts=4", "--config.generator.enable_thinking=True"],
+                              "runs/r/rl_config.json")
+    assert (got.data.num_eval_prompts, got.generator.enable_thinking) == (4, True)
+    assert c.data.num_eval_prompts == 200  # the run config itself is left as it was
+    for bad, line in (("--config.data.num_eval_promts=4", "error: unknown config key `data.num_eval_promts` (in "
+                       "--config.data.num_eval_promts=4); did you mean `data.num_eval_prompts`? List the keys with: "
+                       "python -m jaxrl.config show runs/r/rl_config.json"),
+                      ("--config.data.num_eval_prompts=x", "error: config key `data.num_eval_prompts`: 'x' is not a "
+                       "valid int value (the config has 200). Fix: e.g. --config.data.num_eval_prompts=200")):
+        with pytest.raises(SystemExit) as e:
+            cli.apply_overrides(c, [bad], "runs/r/rl_config.json")
+        assert e.value.code == 2 and capsys.readouterr().err == line + "\n"

@@ -9,6 +9,14 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # starts (the trainer, sidecar and launch tests run `python -m jaxrl.main` many times on the same
 # shapes): a program compiled once is loaded from disk afterwards. JAX keys each entry by the
 # program, the backend and the compile options, so a hit is the same executable.
+# Under pytest-xdist (pytest.ini runs 2 workers) the controller imports this file before it starts
+# the workers: they inherit its environment, so the workers and their subprocesses share this one
+# cache, and the controller, which exits last, removes it. jax 0.10 writes an entry in place
+# without a lock (no lock unless jax_compilation_cache_max_size is set, and then every write scans
+# the whole cache, far too slow here); a read that overlaps a write of the same entry fails to
+# decompress, which jax reports as a warning and answers by compiling: a slower start, never a
+# wrong program. Two writers of one entry write the same program, each in one write() from the
+# start of the file, so the file ends as one whole entry (zlib ignores a longer one's leftover tail).
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _cache = tempfile.mkdtemp(prefix="jaxrl-test-xla-cache-")
     atexit.register(shutil.rmtree, _cache, True)
@@ -42,3 +50,22 @@ def chat(tok):
     from jaxrl.envs import ChatTemplate
 
     return ChatTemplate(tok, enable_thinking=False)
+
+
+# Under pytest-xdist with `--dist loadfile` each file is one unit of work, handed to the next free
+# worker in collection order (pytest.ini turns xdist's reordering by test count off). The longest
+# files go first, so that none of them starts last while the other worker idles (longest first).
+# Only the order of whole files changes, and only in xdist workers: a serial run (`-n 0`) keeps
+# pytest's order. A stale list only costs time. Ordered by the suite's `--durations` on 2 cores.
+LONGEST_FILES_FIRST = (
+    "test_async.py", "test_trainer.py", "test_qwen3.py", "test_train_step.py", "test_launch.py",
+    "test_default_policy.py", "test_trainer_algorithms.py", "test_evaluate.py", "test_terminal_trainer.py",
+    "test_losses.py", "test_notebooks.py", "test_plan.py", "test_parallel.py", "test_terminal_policy.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    rank = {name: i for i, name in enumerate(LONGEST_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order kept

@@ -56,11 +56,13 @@ def chat(tok):
 # worker in collection order (pytest.ini turns xdist's reordering by test count off). The longest
 # files go first, so that none of them starts last while the other worker idles (longest first).
 # Only the order of whole files changes, and only in xdist workers: a serial run (`-n 0`) keeps
-# pytest's order. A stale list only costs time. Ordered by the suite's `--durations` on 2 cores.
+# pytest's order. A stale list only costs time. Ordered by the suite's `--durations=0` under -n 2
+# (2 cores, 2026-12-01: 256 s for test_trainer.py down to 40 s for test_harbor_trials.py).
 LONGEST_FILES_FIRST = (
-    "test_async.py", "test_trainer.py", "test_qwen3.py", "test_train_step.py", "test_launch.py",
-    "test_default_policy.py", "test_trainer_algorithms.py", "test_evaluate.py", "test_terminal_trainer.py",
-    "test_losses.py", "test_notebooks.py", "test_plan.py", "test_parallel.py", "test_terminal_policy.py",
+    "test_trainer.py", "test_async.py", "test_train_step.py", "test_qwen3.py", "test_launch.py",
+    "test_losses.py", "test_default_policy.py", "test_trainer_algorithms.py", "test_terminal_trainer.py",
+    "test_sampler.py", "test_parallel.py", "test_evaluate.py", "test_sidecar.py", "test_plan.py",
+    "test_terminal_policy.py", "test_harbor_trials.py",
 )
 
 

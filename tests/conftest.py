@@ -66,6 +66,21 @@ LONGEST_FILES_FIRST = (
 )
 
 
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config):
+    """The worker count of pytest.ini's `-n auto`: 2 (on 2 or more cores) for a run over several files
+    or a directory (the suite: XLA compiles one program at a time and many tests wait on their
+    subprocesses, so 2 workers on CI's 2 cores take about half the serial time); 0, i.e. this one
+    process as without xdist, for the tests of one file (no worker start-up; `-s` and `--pdb` work).
+    `-n N` on the command line, or PYTEST_XDIST_AUTO_NUM_WORKERS, overrides it."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    paths = {str(arg).split("::")[0] for arg in config.args}
+    if len(paths) == 1 and os.path.isfile(os.path.join(str(config.invocation_params.dir), paths.pop())):
+        return 0
+    return 2 if len(os.sched_getaffinity(0)) >= 2 else 0
+
+
 def pytest_collection_modifyitems(config, items):
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return

@@ -42,6 +42,7 @@ setup(
         # any other torch spec downloads a multi-GB CUDA build.
         "dev": [
             "pytest>=8",
+            "pytest-xdist>=3.5",  # pytest.ini runs the suite on 2 workers
             "torch==2.13.0",
             "nbclient>=0.10",
             "nbformat>=5.10",

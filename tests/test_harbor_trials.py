@@ -394,11 +394,23 @@ def test_unsafe_host_backend_is_explicit(tmp_path):
         SandboxConfig(backend="none").validate()
 
 
-def test_ctrl_c_works_when_the_host_process_ignores_and_blocks_sigint(tmp_path):
+@pytest.mark.parametrize("reset", ["env", "preexec_fn"])
+def test_ctrl_c_works_when_the_host_process_ignores_and_blocks_sigint(tmp_path, monkeypatch, reset):
     """Regression: a child inherits ignored signals and the blocked mask of the thread that forks
     it, and an interactive bash cannot undo an ignored SIGINT. Started from a process ignoring or
     blocking SIGINT (the test session did, after earlier tests), the agent's Ctrl-C never stopped
-    `sleep` in the trial's shell. Trial processes now start with default signals and an empty mask."""
+    `sleep` in the trial's shell. Trial processes now start with default signals and an empty mask:
+    through ``env --default-signal`` (no Python code between fork and exec), or on hosts whose env
+    lacks that option through a `preexec_fn` (forced here with reset="preexec_fn")."""
+    from jaxrl.envs.harbor import sandbox as sandbox_mod
+
+    if reset == "env":
+        assert sandbox_mod._env_resets_signals(), "this host's env has no --default-signal (coreutils < 8.31)"
+        assert sandbox_mod._signal_kwargs() == {}
+        assert sandbox_mod._with_default_signals(["x"]) == ["/usr/bin/env", "--default-signal", "x"]
+    else:
+        monkeypatch.setattr(sandbox_mod, "_env_resets_signals", lambda: False)
+        assert sandbox_mod._with_default_signals(["x"]) == ["x"]
     old_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
     try:

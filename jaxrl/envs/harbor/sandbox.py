@@ -1028,10 +1028,9 @@ class Sandbox:
                 if self._closed:
                     raise SandboxError(f"trial sandbox {self.root} is closed")
                 try:
-                    p = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, start_new_session=True,
-                                         close_fds=True, pass_fds=() if sfd is None else (sfd,),
-                                         preexec_fn=_default_signals,
-                                         env={"PATH": "/usr/bin:/bin"}, **kw)
+                    p = subprocess.Popen(_with_default_signals(argv), stdin=stdin, stdout=stdout, stderr=stderr,
+                                         start_new_session=True, close_fds=True, pass_fds=() if sfd is None else (sfd,),
+                                         env={"PATH": "/usr/bin:/bin"}, **_signal_kwargs(), **kw)
                 except OSError as e:
                     raise SandboxError(f"cannot start the sandbox: {e}") from None
                 self._procs.add(p)
@@ -1189,24 +1188,53 @@ class Sandbox:
             if self._closed:
                 raise SandboxError(f"trial sandbox {self.root} is closed")
             script = self._limit_prologue() + 'exec "$@"'
-            p = subprocess.Popen(["/bin/bash", "-c", script, "jaxrl-unsafe", *command], stdin=stdin, stdout=stdout,
-                                 stderr=stderr, start_new_session=True, close_fds=True, preexec_fn=_default_signals,
-                                 env=env if env is not None else self.env(), cwd=cwd or self.environment.workdir)
+            p = subprocess.Popen(_with_default_signals(["/bin/bash", "-c", script, "jaxrl-unsafe", *command]),
+                                 stdin=stdin, stdout=stdout, stderr=stderr, start_new_session=True, close_fds=True,
+                                 env=env if env is not None else self.env(), cwd=cwd or self.environment.workdir,
+                                 **_signal_kwargs())
             self._procs.add(p)
         return p
 
 
-def _default_signals() -> None:
-    """`preexec_fn` of every trial process: default dispositions and an empty signal mask.
+_RESET_SIGNALS = ("/usr/bin/env", "--default-signal")
 
-    A child inherits ignored signals and the blocked-signal mask of the thread that forks it, and
-    an interactive bash cannot undo an ignored SIGINT. Started from a process that ignores or blocks
-    SIGINT (nohup-like launchers, some schedulers, a host thread with a mask), the agent's Ctrl-C
-    would then never stop a command in the trial's shell."""
+
+def _default_signals() -> None:
+    """`preexec_fn` fallback of `_signal_kwargs`: default dispositions and an empty signal mask."""
     for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, signal.SIGTTIN,
-                signal.SIGTTOU, signal.SIGCHLD):
+                signal.SIGTTOU, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+@functools.lru_cache(maxsize=None)
+def _env_resets_signals() -> bool:
+    """True when this host's ``env`` has ``--default-signal`` (GNU coreutils >= 8.31), checked once."""
+    try:
+        return subprocess.run([*_RESET_SIGNALS, "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _with_default_signals(argv: list[str]) -> list[str]:
+    """`argv` started through ``env --default-signal``, which execs it with every signal at its default
+    disposition and unblocked.
+
+    Why: a child inherits ignored signals and the blocked-signal mask of the thread that forks it, and
+    an interactive bash cannot undo an ignored SIGINT. Started from a process that ignores or blocks
+    SIGINT (nohup-like launchers, some schedulers, a host thread with a mask), the agent's Ctrl-C
+    would then never stop a command in the trial's shell. ``env`` does the reset after exec, so the
+    fork itself runs no Python code: a `preexec_fn` in the multithreaded trainer (JAX, env worker
+    threads) could deadlock the child before exec. Hosts whose ``env`` lacks the option (coreutils
+    < 8.31, e.g. RHEL 8) get the same reset from `_signal_kwargs`' `preexec_fn` instead."""
+    return [*_RESET_SIGNALS, *argv] if _env_resets_signals() else list(argv)
+
+
+def _signal_kwargs() -> dict:
+    """Popen keyword arguments completing `_with_default_signals`: none where ``env`` resets the
+    signals, else ``preexec_fn=_default_signals`` (the same reset, done in the forked child)."""
+    return {} if _env_resets_signals() else {"preexec_fn": _default_signals}
 
 
 # The unsafe host backend maps the sandbox paths with symlinks at the filesystem root; one trial at a

@@ -218,6 +218,19 @@ def test_temperature_mismatch_needs_the_explicit_opt_in():
         validate(set_key(rloo.get_config(), "generator.sampling_params.temperature", 0.7))
 
 
+def test_more_eval_prompts_than_the_eval_split_is_a_config_error():
+    """Regression (fresh-user review): num_eval_prompts above the built-in eval split's size (the
+    arithmetic eval split holds 1441 problems, counted here from the task itself) passed validation
+    and crashed at the first evaluation with a traceback, after the run directory was written."""
+    from jaxrl.envs import get_task_suite
+
+    size = len(get_task_suite("arithmetic").dataset("eval"))
+    assert len(trainer.PromptSource(set_key(rloo.get_config(), "data.num_eval_prompts", size)).eval_batch()) == size
+    with pytest.raises(ConfigError, match=f"1..{size}") as e:
+        trainer.PromptSource(set_key(rloo.get_config(), "data.num_eval_prompts", size + 1))
+    assert e.value.key == "data.num_eval_prompts" and "Fix:" in str(e.value)
+
+
 def test_zero_eval_prompts_means_no_eval_tasks():
     """Regression (issue 9 §7): num_eval_prompts=0 ("0 skips evaluation") crashed in the task's
     dataset call."""

@@ -86,6 +86,17 @@ class PromptSource:
                                  f"{d.eval_split_seed})")
         else:
             self.heldout_kind = ""
+        if self.eval_suite is not None and d.num_eval_prompts > 0:
+            # More held-out prompts than the eval split holds: stop now, before the run directory
+            # is written (was a traceback at the first evaluation, with the bad config committed).
+            try:
+                self.eval_batch()
+            except ValueError as e:
+                from jaxrl.config import ConfigError
+
+                raise ConfigError("data.num_eval_prompts", f"{d.num_eval_prompts} held-out prompts asked of "
+                                  f"{self.heldout_kind}, which it cannot give ({e})",
+                                  "use at most the split's size (the largest num above)") from None
 
     def _use_harbor_lists(self) -> None:
         self.train_tasks, self.heldout_tasks = self.harbor.train_tasks, self.harbor.eval_tasks

@@ -57,10 +57,12 @@ def _pytest_problem(tasks, config: TrialConfig):
 def cmd_check(args) -> int:
     tasks = _load(args)
     if args.task:
-        tasks = [t for t in tasks if t.name in args.task or t.path.name in args.task]
-        if not tasks:
-            print(f"error: no task named {args.task} in {args.path}", file=sys.stderr)
+        unknown = [n for n in args.task if not any(n in (t.name, t.path.name) for t in tasks)]
+        if unknown:  # every name must match: an unknown one was dropped silently when another matched
+            print(f"error: no task named {', '.join(unknown)} in {args.path}. Fix: pass a name that "
+                  f"`python -m jaxrl.tasks list {args.path}` prints", file=sys.stderr)
             return 2
+        tasks = [t for t in tasks if t.name in args.task or t.path.name in args.task]
     config = _trial_config(args, keep="all" if args.trials_dir else "none")
     check_sandbox(config.sandbox)
     problem = _pytest_problem(tasks, config)

@@ -266,3 +266,14 @@ def test_overrides_apply_to_a_run_config_with_the_recipe_checks(capsys):
         with pytest.raises(SystemExit) as e:
             cli.apply_overrides(c, [bad], "runs/r/rl_config.json")
         assert e.value.code == 2 and capsys.readouterr().err == line + "\n"
+
+
+def test_tasks_check_names_every_unknown_task_and_the_fix(capsys):
+    """Fresh-user review: `tasks check --task jaxrl/nope` printed a Python list and no fix, and an
+    unknown name next to a known one was dropped silently (only the known task was checked)."""
+    from jaxrl import tasks
+
+    assert tasks.main(["check", "--task", "jaxrl/nope", "--task", "jaxrl/py-kata-caesar", "--task", "other"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: no task named jaxrl/nope, other in ")
+    assert "Fix: pass a name that `python -m jaxrl.tasks list " in err[0] and "[" not in err[0]

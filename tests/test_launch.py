@@ -230,12 +230,16 @@ def test_resubmitted_job_may_have_engines_at_other_urls(tmp_path):
         return ml_collections.ConfigDict(c)
 
     wd = str(tmp_path / "run")
-    trainer.Trainer(config(("http://n7:8100", "http://n7:8101")), wd, progress=False).ckpt.close()
+    trainer.Trainer(config(("http://n7:8100", "http://n7:8101")), wd, progress=False).close()
     t = trainer.Trainer(config(("http://n9:8100", "http://n9:8101")), wd, progress=False)
-    t.ckpt.close()
+    t.close()
     assert "http://n9:8100" in open(os.path.join(wd, "rl_config.json")).read()
     with pytest.raises(ConfigError, match="trainer.optimizer.lr"):
         trainer.Trainer(config(("http://n9:8100",), lr=2e-4), wd, progress=False)
+    # Closed trainers and the refused one leave the workdir unlocked (a lock leaked here once made
+    # a later test of the same worker process fail).
+    from jaxrl.train.rundir import WorkdirLock
+    assert os.path.realpath(os.path.join(wd, ".lock")) not in WorkdirLock._held
 
 
 # ---------------------------------------------------------------------------------------------

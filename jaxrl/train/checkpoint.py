@@ -185,6 +185,10 @@ class CheckpointStore:
         return dest
 
     def close(self) -> None:
+        """Waits for pending saves and closes the Orbax manager (idempotent)."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
         self.manager.wait_until_finished()
         self.manager.close()
 

@@ -169,9 +169,16 @@ class Trainer:
                                        "pass another --workdir")
 
     def close(self) -> None:
-        """Releases the workdir lock (idempotent); `run` does it at its end."""
-        if self.workdir_lock is not None:
-            self.workdir_lock.release()
+        """Closes the checkpoint manager (after its pending saves) and releases the workdir lock
+        (idempotent; `run` closes both at its end). Call it on a trainer built but never run
+        (e.g. in a notebook), or another process cannot use the workdir until this one exits."""
+        try:
+            ckpt = getattr(self, "ckpt", None)
+            if ckpt is not None:
+                ckpt.close()
+        finally:
+            if self.workdir_lock is not None:
+                self.workdir_lock.release()
 
     @staticmethod
     def _check_workdir(problem: Optional[str]) -> None:

@@ -132,10 +132,23 @@ def main(argv):
     from jaxrl.envs import DatasetError
     from jaxrl.envs.chat import PromptFormat
 
+    for name, value, low in (("max_new_tokens", _MAX_NEW.value, 0), ("max_seq_len", _MAX_SEQ.value, 2)):
+        if value < low:
+            cli.usage_error(f"--{name}={value}: must be >= {low}"
+                            + (" (0: the run's max_generate_length)" if name == "max_new_tokens" else ""))
+    from jaxrl.rollout.types import MIN_TEMPERATURE
+
+    if not (_TEMPERATURE.value == 0 or MIN_TEMPERATURE <= _TEMPERATURE.value < float("inf")):
+        cli.usage_error(f"--temperature={_TEMPERATURE.value:g}: must be 0 (greedy) or a finite number >= "
+                        f"{MIN_TEMPERATURE:g}")
+    if not 0 < _TOP_P.value <= 1:
+        cli.usage_error(f"--top_p={_TOP_P.value:g}: must be in (0, 1] (1 = off)")
+    if _TOP_K.value < -1:
+        cli.usage_error(f"--top_k={_TOP_K.value}: must be >= 1, or -1 (off)")
     model = _MODEL.value
     notes = []
     try:
-        policy.check_model_path(model)
+        policy.check_policy_dir(model)
         run_config = _RUN_CONFIG.value or policy.find_run_config(model)
         c = policy.read_run_config(run_config) if run_config else base_config()
         dtype = _DTYPE.value or (c.model.compute_dtype if run_config else "float32")
@@ -173,7 +186,7 @@ def main(argv):
             print(f"jaxrl chat: note: {note}", file=sys.stderr)
         _answer(session, _PROMPT.value)
         return
-    print(f"jaxrl chat: {what}; {source}: system message {policy.describe(system)}, thinking "
+    print(f"jaxrl chat: {what}; {source}: system message {'none' if system is None else policy.describe(system)}, thinking "
           f"{'on' if thinking else 'off'}, {'greedy' if session.temperature == 0 else f'T={session.temperature:g}'}, "
           f"up to {max_new} tokens per answer. /reset starts over, /exit leaves.", file=sys.stderr)
     for note in notes:

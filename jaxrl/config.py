@@ -749,7 +749,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
              "trainer.logprob_diff_warn_threshold", f"{t.logprob_diff_warn_threshold} is not a bound",
              "use a bound >= 0 (0 never warns), or -1 for the compute dtype's default (1e-3 float32, 1.0 bfloat16)")
     o = t.optimizer
-    _require(o.lr > 0 and math.isfinite(o.lr), "trainer.optimizer.lr", f"{o.lr} must be a positive number", "use e.g. 8e-6")
+    _require(o.lr > 0 and math.isfinite(o.lr), "trainer.optimizer.lr", f"{o.lr} must be a positive number",
+             "use e.g. 8e-6 (the Qwen3-8B recipes) or 1e-4 (the CPU recipe's tiny policy)")
     _require(o.max_grad_norm > 0, "trainer.optimizer.max_grad_norm", "must be > 0", "use e.g. 1.0")
     _require(o.scheduler in ("constant", "cosine"), "trainer.optimizer.scheduler",
              f"unknown scheduler {o.scheduler!r}", "use 'constant' or 'cosine'")

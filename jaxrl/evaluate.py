@@ -138,7 +138,7 @@ def main(argv):
         except OSError as e:
             cli.recipe_load_error(e)
     try:
-        policy.check_model_path(model)
+        policy.check_policy_dir(model)
         if _CONFIG.value is not None:
             c, source = _CONFIG.value, next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")),
                                             "--config")

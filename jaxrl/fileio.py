@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 from typing import Any, Optional
 
@@ -125,3 +126,14 @@ def hf_checkpoint_problem(path: str) -> Optional[str]:
     if not any(name.endswith((".safetensors", ".safetensors.index.json")) for name in os.listdir(path)):
         return f"{path!r} has a config.json but no *.safetensors weights"
     return None
+
+
+_TENSORSTORE_SPEC = re.compile(r"\s*\[tensorstore_spec(\[\d+\])?='.*?'\]", re.S)
+_DRIVER_CHAIN = re.compile(r'Error opening "\w+" driver: ')
+
+
+def without_tensorstore_noise(message: str) -> str:
+    """`message` (of an Orbax / TensorStore read error) without the JSON specs TensorStore appends
+    (`[tensorstore_spec='...']`, kilobytes each) and its chain of `Error opening "<driver>"
+    driver:` prefixes; other text is returned unchanged."""
+    return _DRIVER_CHAIN.sub("", _TENSORSTORE_SPEC.sub("", message))

@@ -51,6 +51,36 @@ def check_model_path(model: str) -> None:
                           f"{MODEL_FIX.format(hint=HF_CHECKPOINT_HINT)}")
 
 
+def check_policy_dir(model: str) -> None:
+    """Rejects a `--model` that is not a policy `load_engine` can open: missing, a file, or a
+    directory that is neither an HF checkpoint nor a published version. Called before the run
+    config is looked up, so that the message is about the directory itself.
+
+    Raises:
+      PolicyError: one line naming the path, what it is (a run directory, a training checkpoint)
+        and what a valid --model is.
+    """
+    from jaxrl.fileio import HF_CHECKPOINT_HINT, hf_checkpoint_problem
+
+    check_model_path(model)
+    if is_sync_version(model):
+        return
+    problem = hf_checkpoint_problem(model)
+    if not problem:
+        return
+    hint = ""
+    parent = os.path.dirname(os.path.abspath(model))
+    if os.path.isfile(os.path.join(model, "rl_config.json")):
+        hint = " (a run directory: use its best/ or sync/<version>)"
+    elif os.path.basename(parent) == "checkpoints" and os.path.basename(os.path.normpath(model)).isdigit():
+        workdir = os.path.dirname(parent)
+        hint = (f" (a training checkpoint, Orbax state of step {os.path.basename(os.path.normpath(model))}: use the "
+                f"run's exported {os.path.join(workdir, 'best')} or a published version {os.path.join(workdir, 'sync')}"
+                "/<version>)")
+    raise PolicyError(f"--model: {problem}, and it is not a published policy version (no sync.json){hint}. "
+                      f"Fix: {MODEL_FIX.format(hint=HF_CHECKPOINT_HINT)}")
+
+
 def find_run_config(model: str) -> Optional[str]:
     """The `rl_config.json` that belongs to the policy at `model`, or None: `model/rl_config.json`
     (an exported best/), or the workdir's for a published version (`WORKDIR/sync/<v>`)."""
@@ -122,27 +152,20 @@ def load_engine(model: str, c: ml_collections.ConfigDict, *, dtype: Optional[str
       (sampler, tokenizer_dir, description): the engine, the directory whose tokenizer and chat
       template go with it, and a short text naming what was loaded.
     Raises:
-      PolicyError: `model` does not exist, or is neither kind of directory (`check_model_path`,
-        `jaxrl.fileio.hf_checkpoint_problem`), or has no tokenizer.
+      PolicyError: `model` does not exist, or is neither kind of directory (`check_policy_dir`),
+        or has no tokenizer.
     """
     from jaxrl.envs import DEFAULT_POLICY_DIR
-    from jaxrl.fileio import HF_CHECKPOINT_HINT, hf_checkpoint_problem
     from jaxrl.rollout.sampler import sampler_from_hf
 
     dtype = dtype or c.model.compute_dtype
-    check_model_path(model)
+    check_policy_dir(model)
     if is_sync_version(model):
         base = c.model.path or DEFAULT_POLICY_DIR
         version = int(os.path.basename(os.path.normpath(model)))
         sampler = sampler_from_hf(base, dtype=dtype, **sampler_kwargs)
         sampler.load_version(os.path.abspath(model), version)
         return sampler, base, f"policy version {version} ({model}) on {base}"
-    problem = hf_checkpoint_problem(model)
-    if problem:
-        hint = " (a run directory: use its best/ or sync/<version>)" if os.path.isfile(
-            os.path.join(model, "rl_config.json")) else ""
-        raise PolicyError(f"--model: {problem}, and it is not a published policy version (no sync.json){hint}. "
-                          f"Fix: {MODEL_FIX.format(hint=HF_CHECKPOINT_HINT)}")
     if not any(os.path.isfile(os.path.join(model, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
         raise PolicyError(f"--model {model!r} has no tokenizer (tokenizer.json). Fix: copy the tokenizer files of the "
                           "model it was trained from into it")

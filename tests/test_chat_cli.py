@@ -176,3 +176,28 @@ def test_chat_without_a_model_is_one_line():
     help_ = subprocess.run([sys.executable, "-m", "jaxrl.chat", "--help"], cwd=ROOT, env=ENV, capture_output=True,
                            text=True, timeout=120)
     assert help_.returncode == 0 and "--prompt" in help_.stdout
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--max_new_tokens", "-5", "--max_new_tokens=-5: must be >= 0"),
+    ("--max_seq_len", "0", "--max_seq_len=0: must be >= 2"),
+    ("--temperature", "-1", "--temperature=-1: must be 0 (greedy) or a finite number >= 0.01"),
+    ("--temperature", "0.001", "--temperature=0.001: must be 0 (greedy)"),
+    ("--top_p", "0", "--top_p=0: must be in (0, 1]"),
+    ("--top_k", "-2", "--top_k=-2: must be >= 1, or -1 (off)"),
+])
+def test_bad_decoding_flags_are_one_line_naming_the_flag(flag, value, expected):
+    """Regression: --max_new_tokens=-5 ended in a message naming the internal
+    SamplingParams.max_tokens, after the model was loaded."""
+    out = subprocess.run([sys.executable, "-m", "jaxrl.chat", "--model", DEFAULT_POLICY_DIR, f"{flag}={value}",
+                          "--prompt", "hi"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert expected in out.stderr and "SamplingParams" not in out.stderr, out.stderr
+
+
+def test_banner_of_a_checkpoint_without_a_run_says_no_system_message():
+    """Regression: the interactive banner said "system message None"."""
+    out = subprocess.run([sys.executable, "-m", "jaxrl.chat", "--model", DEFAULT_POLICY_DIR], cwd=ROOT, env=ENV,
+                         input="", capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "system message none, thinking on" in out.stderr and "None" not in out.stderr, out.stderr

@@ -88,22 +88,31 @@ def test_model_path_errors_say_what_is_wrong_and_what_a_model_is(paths, capsys, 
 
     cmd = importlib.import_module(f"jaxrl.{command}")
     flags = dict(_CONFIG=None, _OUTPUT=None) if command == "evaluate" else dict(
-        _RUN_CONFIG=None, _DTYPE=None, _MAX_SEQ=64)
+        _RUN_CONFIG=None, _DTYPE=None, _MAX_SEQ=64, _MAX_NEW=0, _TEMPERATURE=0.0, _TOP_P=1.0, _TOP_K=-1)
     for name, value in flags.items():
         monkeypatch.setattr(cmd, name, types.SimpleNamespace(value=value))
     missing = os.path.join(paths.tmp, "missing")
+    # A training checkpoint (Orbax state) of a run: evaluate asked for --config first, then said
+    # it is not an HF directory (regression; the directory's problem comes first now).
+    workdir = os.path.join(paths.tmp, f"run_{command}")
+    ckpt = os.path.join(workdir, "checkpoints", "10")
+    os.makedirs(os.path.join(ckpt, "state"))
+    open(os.path.join(ckpt, "_CHECKPOINT_METADATA"), "w").close()
+    open(os.path.join(workdir, "rl_config.json"), "w").write("{}")
     for model, problem in ((missing, f"--model {missing!r} does not exist"),
                            (paths.file, f"--model {paths.file!r} is a file, not a directory"),
-                           (paths.no_weights, f"--model: {paths.no_weights!r} has a config.json but no *.safetensors")):
+                           (paths.no_weights, f"--model: {paths.no_weights!r} has a config.json but no *.safetensors"),
+                           (ckpt, f"--model: {ckpt!r} has no config.json")):
         monkeypatch.setattr(cmd, "_MODEL", types.SimpleNamespace(value=model))
-        if command == "evaluate" and model == paths.no_weights:
-            monkeypatch.setattr(cmd, "_CONFIG", types.SimpleNamespace(value=base_config()))
         with pytest.raises(SystemExit) as e:
             cmd.main([command])
         err = capsys.readouterr().err
         assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
         assert err.startswith(f"error: {problem}"), err
         assert "Fix: pass an HF-format checkpoint directory (config.json + *.safetensors" in err, err
+        if model == ckpt:
+            assert (f"(a training checkpoint, Orbax state of step 10: use the run's exported "
+                    f"{os.path.join(workdir, 'best')} or a published version") in err, err
 
 
 def test_evaluate_output_is_checked_before_the_evaluation(paths, capsys, monkeypatch):

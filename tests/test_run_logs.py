@@ -147,6 +147,8 @@ def test_a_damaged_best_checkpoint_is_re_chosen_among_the_intact_ones_by_ema(tmp
     lines = [line for line in err.splitlines() if line.startswith("jaxrl: warning:")]
     assert len(lines) == 2, err[-2000:]
     assert "checkpoint 4 " in lines[0] and "damaged" in lines[0] and "resumed from step 3" in lines[0]
+    # The cause, without TensorStore's JSON specs (regression: the line was cut before the cause).
+    assert "is not valid for value of size" in lines[0] and "tensorstore_spec" not in err, lines[0]
     assert "the best checkpoint 1 is gone; the best is now step 2 (EMA 0.4500)" in lines[1]
     assert os.path.isdir(tmp_path / "checkpoints_damaged" / "4")
     assert ck.store.all_steps() == [2, 3]
@@ -170,7 +172,7 @@ def test_every_checkpoint_damaged_is_one_clear_error(tmp_path):
     msg = str(e.value)
     assert msg.startswith(f"every checkpoint in {tmp_path / 'checkpoints'} is damaged (step 2: "), msg
     assert "; step 1: " in msg and msg.endswith(". Fix: restore the files, or start over with a new --workdir")
-    assert "\n" not in msg
+    assert "\n" not in msg and "tensorstore_spec" not in msg and msg.count("is not valid for value of size") == 2
     assert ck.store.all_steps() == [1, 2] and not os.path.exists(tmp_path / "checkpoints_damaged")
     ck.close()
 

@@ -208,3 +208,25 @@ def test_engine_and_trainer_logprobs_agree_when_published_in_the_engine_dtype(tm
     can fail."""
     assert _engine_vs_trainer_logprob_gap(tmp_path, "float32") <= 1e-4
     assert _engine_vs_trainer_logprob_gap(tmp_path, "bfloat16") > 1e-2
+
+
+def test_a_damaged_version_is_described_by_its_cause_without_tensorstore_specs(tmp_path):
+    """Regression: a load error carried TensorStore's JSON specs (kilobytes per array) into the
+    sidecar's one-line HTTP error and the trainer's warnings; the cause was cut off."""
+    from jaxrl.fileio import without_tensorstore_noise
+    from jaxrl.rollout.server import _describe
+
+    ws.publish(_tree(), str(tmp_path), 1)
+    data = [os.path.join(r, n) for r, _, ns in os.walk(tmp_path / "1") for n in ns if os.path.basename(r) == "d"]
+    assert data
+    for f in data:
+        os.truncate(f, os.path.getsize(f) // 2)
+    from jaxrl.train.checkpoint import collect_unraisable
+
+    with collect_unraisable(), pytest.raises(Exception) as e:  # Orbax's per-array reports of the failed read
+        ws.load(str(tmp_path), 1)
+    raw = str(e.value)
+    assert "tensorstore_spec" in raw  # what the library says (else this test checks nothing)
+    for text in (without_tensorstore_noise(raw), _describe(e.value)):
+        assert "tensorstore_spec" not in text and 'Error opening "' not in text, text
+        assert "is not valid for value of size" in text and len(text) < 600, text

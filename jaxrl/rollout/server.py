@@ -240,8 +240,10 @@ class JaxBackend:
 
 
 def _describe(e: BaseException) -> str:
-    """An exception in words: its message, or its kind when it has none."""
-    msg = str(e).strip()
+    """An exception in words: its message (without TensorStore's specs), or its kind when it has none."""
+    from jaxrl.fileio import without_tensorstore_noise
+
+    msg = without_tensorstore_noise(str(e)).strip()
     return msg if msg else type(e).__name__
 
 

@@ -497,7 +497,8 @@ def test_a_sandbox_python_installed_under_tmp_stays_visible(tmp_path):
     with open(os.path.join(site, "host_pytest.pth"), "w") as f:
         f.write(os.path.dirname(os.path.dirname(os.path.realpath(_pytest.__file__))) + "\n")
     env = {**os.environ, "JAXRL_SANDBOX_PYTHON": str(venv / "bin" / "python"), "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([_sys.executable, "-m", "jaxrl.tasks", "run-oracle", "--task", "jaxrl/py-kata-caesar"],
+    out = subprocess.run([_sys.executable, "-m", "jaxrl.tasks", "run-oracle", "--task", "jaxrl/py-kata-caesar",
+                          "--trials-dir", str(tmp_path / "trials")],  # not a folder left in /tmp
                          capture_output=True, text=True, env=env, timeout=300,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     text = out.stdout + out.stderr

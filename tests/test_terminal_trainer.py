@@ -82,6 +82,17 @@ def test_two_steps_on_terminal_tasks_with_the_verifier_gate(tmp_path):
     # harbor.keep_trial_logs=False: every trial directory is removed, and so is trials/ (it was left empty)
     assert not (wd / "trials").exists()
 
+    # Regression: the folder of a trial killed with its launch (kill -9) stayed in trials/ for good.
+    # The next launch of the run (here one that finds the run complete) removes it.
+    stale = wd / "trials" / "write-file-000__dead"
+    (stale / "app" / "locked").mkdir(parents=True)
+    (stale / "app" / "locked").chmod(0)  # as an agent may leave it
+    out = _main(wd, *TINY, f"--config.data.dataset_path={data}", f"--config.data.eval_dataset_path={held}",
+                "--config.data.verify_tasks=True")
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert f"jaxrl: removed 1 trial folder(s) in {wd}/trials left by a launch that was killed" in out.stderr
+    assert not stale.exists()
+
 
 def test_an_empty_trials_folder_is_removed_and_one_with_logs_kept(tmp_path):
     from jaxrl.train.harbor import remove_empty_trials_dir

@@ -76,6 +76,12 @@ class Fleet:
         # Harbor runs (`jaxrl.train.harbor.HarborTasks`): each trajectory a sandboxed terminal trial.
         self.harbor = harbor
         self.make_env = harbor.make_env_factory(workdir) if harbor is not None and is_main else None
+        if self.make_env is not None and not c.harbor.keep_trial_logs:
+            from jaxrl.train.harbor import remove_stale_trials
+
+            if removed := remove_stale_trials(workdir):
+                print(f"jaxrl: removed {removed} trial folder(s) in {workdir}/trials left by a launch that was "
+                      "killed mid-trial (harbor.keep_trial_logs=False)", file=sys.stderr)
         self.workdir = workdir
         self.model_dir = model_dir
         self.chat = chat

@@ -123,6 +123,31 @@ class HarborTasks:
                                               trial=trial, trials_dir=trials_dir))
 
 
+def remove_stale_trials(workdir: str) -> int:
+    """Removes the trial folders in `workdir/trials/` at the start of a launch that keeps no trial
+    logs (`harbor.keep_trial_logs=False`): each trial removes its own folder when it ends, so the
+    ones found here were left by a launch killed mid-trial (kill -9, a node failure), and the
+    workdir lock rules out a live run using them. Returns how many were removed.
+
+    Raises:
+      OSError: a folder could not be removed (`sandbox.remove_tree`).
+    """
+    from jaxrl.envs.harbor.sandbox import remove_tree
+
+    trials = os.path.join(workdir, "trials")
+    try:
+        names = os.listdir(trials)
+    except FileNotFoundError:
+        return 0
+    for name in names:
+        path = os.path.join(trials, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            remove_tree(path)
+        else:
+            os.unlink(path)
+    return len(names)
+
+
 def remove_empty_trials_dir(workdir: str) -> None:
     """Removes `workdir/trials/` when no trial left anything in it (`harbor.keep_trial_logs=False`:
     every trial removes its own directory); a folder holding trial logs stays."""

@@ -2,10 +2,13 @@
 
 Measures, in one run on the default JAX device:
 
-* ``copy``: device memory bandwidth, a jitted ``x + 1`` over a large array (read + write);
-* ``floor``: bytes a decode step must read at least, weights + KV cache at the mean context
-  of the run (prompt cache once per group, generated tokens per row), divided by that
-  bandwidth (and by ``--bandwidth`` when given, e.g. 4.3e12 for an H200);
+* ``read``: device memory read bandwidth, a jitted sum over a large array (each byte read once;
+  ``copy``, a jitted ``x + 1`` counted read + write, is printed too: on CPU it also pays the page
+  faults of a new output array, so it understates what a step can read);
+* ``floor``: bytes a decode step must read at least, the weights it reads (all but the embedding
+  table of an untied model, of which a step gathers one row per row) + KV cache at the mean
+  context of the run (prompt cache once per group, generated tokens per row), divided by the
+  read bandwidth (and by ``--bandwidth`` when given, e.g. 4.3e12 for an H200);
 * ``forward``: :func:`jaxrl.models.qwen3.decode_step` alone, ``--steps`` steps inside one jitted
   loop (no dispatch per step), per step;
 * ``select``: :func:`jaxrl.rollout.sampler.select_tokens` alone on ``[B, V]`` logits, the same
@@ -54,6 +57,26 @@ def _time(fn, *args, repeats: int):
     return best
 
 
+def read_bandwidth(nbytes: int, repeats: int) -> float:
+    """Bytes/s of a jitted sum over a float32 array of `nbytes` (each byte read once)."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((nbytes // 4,), jnp.float32)
+    t = _time(jax.jit(jnp.sum), x, repeats=repeats)
+    return nbytes / t
+
+
+def step_weight_bytes(ep, cfg) -> int:
+    """Bytes of the engine weights `ep` a decode step reads: all, less the embedding table of an
+    untied model (a step gathers one row of it per batch row; a tied model's table is the head)."""
+    import jax
+
+    total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(ep))
+    table = ep["embed_tokens"]
+    return total - (0 if cfg.tie_word_embeddings else table.size * table.dtype.itemsize)
+
+
 def copy_bandwidth(nbytes: int, repeats: int) -> float:
     """Bytes/s of a jitted elementwise pass (read + write counted) over a float32 array."""
     import jax
@@ -75,7 +98,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=32, help="decode steps per timed loop")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--bandwidth", type=float, default=None, help="nominal bytes/s for a second floor (H200: 4.3e12)")
-    p.add_argument("--copy-mb", type=int, default=None,
+    p.add_argument("--copy-mb", type=int, default=None,  # the read and copy tests' array
                    help="array size of the bandwidth test (default 256 CPU, 2048 GPU)")
     args = p.parse_args(argv)
 
@@ -104,15 +127,16 @@ def main(argv=None):
 
     # -- the floor ------------------------------------------------------------------------
     itemsize = jnp.dtype(cfg.compute_dtype).itemsize
-    wbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(ep))
+    wbytes = step_weight_bytes(ep, cfg)
     kv_token = 2 * L * cfg.num_key_value_heads * cfg.head_dim * itemsize  # K and V, all layers, one token
     kv_mean = kv_token * (G * P + B * N / 2)
     mb = args.copy_mb or (2048 if dev.platform == "gpu" else 256)
-    bw = copy_bandwidth(mb << 20, args.repeats)
+    bw = read_bandwidth(mb << 20, args.repeats)
     floor = (wbytes + kv_mean) / bw
-    print(f"copy bandwidth {bw / 1e9:.1f} GB/s ({mb} MB array, read + write)")
-    print(f"floor: weights {wbytes / 1e6:.1f} MB + KV at mean context {kv_mean / 1e6:.1f} MB per step "
-          f"-> {floor * 1e3:.3f} ms/step at the measured bandwidth"
+    print(f"read bandwidth {bw / 1e9:.1f} GB/s ({mb} MB array); copy bandwidth "
+          f"{copy_bandwidth(mb << 20, args.repeats) / 1e9:.1f} GB/s (read + write)")
+    print(f"floor: weights read {wbytes / 1e6:.1f} MB + KV at mean context {kv_mean / 1e6:.1f} MB per step "
+          f"-> {floor * 1e3:.3f} ms/step at the measured read bandwidth"
           + (f", {(wbytes + kv_mean) / args.bandwidth * 1e3:.3f} ms/step at {args.bandwidth / 1e12:.2f} TB/s"
              if args.bandwidth else ""))
 

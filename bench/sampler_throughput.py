@@ -3,7 +3,7 @@
 1. Generation: tokens/s of our JAX KV-cache engine vs HF transformers ``generate`` (greedy, KV
    cache; ``--sample``: temperature 1 sampling) on the same random Qwen3 model, batch and
    lengths; prints ours / HF, and the engine's decode-step time next to the step's memory floor
-   (weights + KV cache at the mean context, at the copy bandwidth measured in the same run;
+   (weights read + KV cache at the mean context, at the read bandwidth measured in the same run;
    ``bench/sampler_step.py`` splits the step into forward and token selection).
 2. Weight sync: publish + load (Orbax, bf16) of the model's params vs ``shutil.copytree`` of a
    directory holding the same bf16 bytes as .npy files; prints (publish+load GB/s) / (copy GB/s),
@@ -92,13 +92,14 @@ def bench_generation(args, ckpt: str, hf_model) -> tuple[float, float]:
 def step_report(args, sampler, prompts, params, generate_s: float) -> None:
     """Prints the engine's decode-step time, ``(generate of N - generate of N/2) / (N/2)`` (one
     compiled program, whole chunks of steps in both: prefill and fixed costs cancel), next to the
-    step's memory floor: (weights + KV cache at the mean context) / the copy bandwidth measured here."""
+    step's memory floor: (weights read + KV cache at the mean context) / the read bandwidth measured
+    here (`sampler_step.read_bandwidth`, `sampler_step.step_weight_bytes`)."""
     import dataclasses
 
     import jax
     import jax.numpy as jnp
 
-    from sampler_step import copy_bandwidth
+    from sampler_step import read_bandwidth, step_weight_bytes
 
     cfg, N = sampler.cfg, args.new_tokens
     half = dataclasses.replace(params, max_tokens=N // 2)
@@ -109,14 +110,15 @@ def step_report(args, sampler, prompts, params, generate_s: float) -> None:
         sampler.generate(prompts, half)
         half_s = min(half_s, time.perf_counter() - t)
     step = (generate_s - half_s) / (N - N // 2)
-    wbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(sampler.params))
+    wbytes = step_weight_bytes(sampler.params, cfg)
     kv = (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * jnp.dtype(cfg.compute_dtype).itemsize
           * len(prompts) * (args.prompt_len + N / 2))
-    bw = copy_bandwidth(256 << 20, args.repeats)
+    bw = read_bandwidth(256 << 20, args.repeats)
     floor = (wbytes + kv) / bw
     print(f"decode step {step * 1e3:.3f} ms (generate of {N} tokens {generate_s * 1e3:.1f} ms - of {N // 2} tokens "
-          f"{half_s * 1e3:.1f} ms, / {N - N // 2}); floor {floor * 1e3:.3f} ms = (weights {wbytes / 1e6:.1f} MB + "
-          f"KV {kv / 1e6:.1f} MB) / copy bandwidth {bw / 1e9:.1f} GB/s; step / floor = {step / floor:.2f}")
+          f"{half_s * 1e3:.1f} ms, / {N - N // 2}); floor {floor * 1e3:.3f} ms = (weights read {wbytes / 1e6:.1f} MB + "
+          f"KV {kv / 1e6:.1f} MB) / read bandwidth {bw / 1e9:.1f} GB/s; step / floor = {step / floor:.2f}; "
+          f"weight layout {sampler.layout}")
 
 
 def bench_sync(ckpt: str, workdir: str, args_repeats: int = 3) -> tuple[float, float, int]:

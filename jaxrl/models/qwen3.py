@@ -576,12 +576,29 @@ def forward_with_cache(params: dict, cfg: Qwen3Config, tokens, positions, token_
 # Rollout-engine path: per-layer weights, a prompt KV cache shared by the samples of a prompt
 # --------------------------------------------------------------------------------------------
 
-def engine_params(params: dict, cfg: Qwen3Config) -> dict:
+ENGINE_LAYOUTS = ("in_out", "out_in")
+
+# Rows up to which a decode-step projection in the "out_in" layout is a fused multiply-reduce
+# (`_project`); measured on a 2-core x86 CPU, bench/sampler_step.py.
+SKINNY_MAX_ROWS = 16
+
+
+def engine_layout(platform: str, max_rows: int) -> str:
+    """The weight layout of :func:`engine_params` for an engine on `platform` ("cpu", "gpu", "tpu")
+    whose programs run at most `max_rows` rows: "out_in" on CPU when 2 <= max_rows <=
+    `SKINNY_MAX_ROWS` (decode-step projections as a multiply-reduce, :func:`_project`), else
+    "in_out" (one GEMM per projection). Measured on a 2-core x86 CPU (bench/sampler_step.py):
+    "out_in" makes the 8-row decode step 1.3-1.4x faster, the 1-row step (XLA's GEMV reads
+    ``[in, out]`` weights at twice the speed) about 1.4x slower, and shows no gain at 64 rows."""
+    return "out_in" if platform == "cpu" and 2 <= max_rows <= SKINNY_MAX_ROWS else "in_out"
+
+
+def engine_params(params: dict, cfg: Qwen3Config, layout: str = "in_out") -> dict:
     """The weights of :func:`prefill` and :func:`decode_step`, in the compute dtype.
 
     The stacked tree (module docstring) is split into one dict per layer, and the projections
     that read the same input are concatenated along the output axis. Shapes (E hidden, D head_dim,
-    Nq/Nkv heads, I intermediate, V vocab)::
+    Nq/Nkv heads, I intermediate, V vocab) in the "in_out" layout::
 
         {'embed_tokens': [V, E], 'norm': [E], 'lm_head': [E, V] (untied models only),
          'layers': tuple of L dicts {
@@ -590,39 +607,83 @@ def engine_params(params: dict, cfg: Qwen3Config) -> dict:
             'post_attention_layernorm': [E], 'gate_up_proj': [E, 2 I]  (gate | up),
             'down_proj': [I, E]}}
 
+    The "out_in" layout (:func:`engine_layout`: CPU engines of a few rows) stores each projection and the untied head
+    transposed, ``[out, in]``, under the key with ``_t`` appended (``qkv_proj_t`` ``[(Nq + 2 Nkv) D,
+    E]``, ..., ``lm_head_t`` ``[V, E]``), so that a decode step can read each weight row once for
+    all rows of the batch (:func:`_project`).
+
     Why: a decode step is bound by reading the weights once. Weights sliced out of a stacked
     ``[L, ...]`` array inside the step (``lax.scan``) can be copied before each matmul, and one
     matmul per fused projection is one kernel instead of three (q, k, v) or two (gate, up).
     The fused matmuls compute the same dot products as :func:`forward` (same inputs and
     contraction; the accumulation order may differ in the last bit).
+
+    Raises:
+      ValueError: an unknown `layout`.
     """
+    if layout not in ENGINE_LAYOUTS:
+        raise ValueError(f"layout: {layout!r} is not one of {ENGINE_LAYOUTS}")
     dt = cfg.compute_dtype
     Nq, Nkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     E = cfg.hidden_size
     lp = params["layers"]
+
+    def proj(name, w):  # w: [in, out]
+        return (name, w) if layout == "in_out" else (name + "_t", w.T)
+
     layers = []
     for i in range(cfg.num_hidden_layers):
         get = lambda name: jnp.asarray(lp[name][i]).astype(dt)  # noqa: E731
-        layers.append({
-            "input_layernorm": jnp.asarray(lp["input_layernorm"]["scale"][i]).astype(dt),
-            "qkv_proj": jnp.concatenate([get("q_proj").reshape(E, Nq * D), get("k_proj").reshape(E, Nkv * D),
-                                         get("v_proj").reshape(E, Nkv * D)], axis=1),
-            "q_norm": jnp.asarray(lp["q_norm"]["scale"][i]).astype(dt),
-            "k_norm": jnp.asarray(lp["k_norm"]["scale"][i]).astype(dt),
-            "o_proj": get("o_proj").reshape(Nq * D, E),
-            "post_attention_layernorm": jnp.asarray(lp["post_attention_layernorm"]["scale"][i]).astype(dt),
-            "gate_up_proj": jnp.concatenate([get("gate_proj"), get("up_proj")], axis=1),
-            "down_proj": get("down_proj"),
-        })
+        layers.append(dict([
+            ("input_layernorm", jnp.asarray(lp["input_layernorm"]["scale"][i]).astype(dt)),
+            proj("qkv_proj", jnp.concatenate([get("q_proj").reshape(E, Nq * D), get("k_proj").reshape(E, Nkv * D),
+                                              get("v_proj").reshape(E, Nkv * D)], axis=1)),
+            ("q_norm", jnp.asarray(lp["q_norm"]["scale"][i]).astype(dt)),
+            ("k_norm", jnp.asarray(lp["k_norm"]["scale"][i]).astype(dt)),
+            proj("o_proj", get("o_proj").reshape(Nq * D, E)),
+            ("post_attention_layernorm", jnp.asarray(lp["post_attention_layernorm"]["scale"][i]).astype(dt)),
+            proj("gate_up_proj", jnp.concatenate([get("gate_proj"), get("up_proj")], axis=1)),
+            proj("down_proj", get("down_proj")),
+        ]))
     out = {"embed_tokens": jnp.asarray(params["embed_tokens"]).astype(dt),
            "norm": jnp.asarray(params["norm"]["scale"]).astype(dt), "layers": tuple(layers)}
     if not cfg.tie_word_embeddings:
-        out["lm_head"] = jnp.asarray(params["lm_head"]).astype(dt)
+        out.update([proj("lm_head", jnp.asarray(params["lm_head"]).astype(dt))])
     return out
 
 
-def _engine_head(ep: dict, cfg: Qwen3Config):
-    return ep["embed_tokens"].T if cfg.tie_word_embeddings else ep["lm_head"]
+def _project(x, p: dict, name: str, out_dtype=None):
+    """``x [..., in] @ w [in, out]`` for the engine's projection `name` of `p` (either layout of
+    :func:`engine_params`), returned in `out_dtype` (default: x's dtype; the "in_out" layout
+    computes exactly the dot it always did, the "out_in" one accumulates in float32).
+
+    In the "out_in" layout, a decode step's ``x [B, in]`` with 2 <= B <= `SKINNY_MAX_ROWS` is
+    multiplied as one fused multiply-reduce, ``y[b, n] = sum_k w[n, k] x[b, k]`` over an
+    ``[out, B, in]`` product that is never stored: each weight row is read once and used for all
+    B rows while it is in cache. On a 2-core CPU whose weights do not stay in cache between
+    steps, XLA's GEMM reads them at a third to a half of that speed at these row counts
+    (bench/sampler_step.py). Other shapes use a dot (a GEMM for the prefill, a GEMV for B = 1).
+    """
+    if name in p:  # "in_out"
+        if out_dtype is None:
+            return x @ p[name]
+        return jnp.einsum("...k,kn->...n", x, p[name], preferred_element_type=out_dtype)
+    out_dtype = out_dtype or x.dtype
+    w = p[name + "_t"]
+    f32 = jnp.float32
+    if x.ndim == 2 and 2 <= x.shape[0] <= SKINNY_MAX_ROWS:
+        return jnp.sum(w[:, None, :].astype(f32) * x[None, :, :].astype(f32), axis=-1).T.astype(out_dtype)
+    return jnp.einsum("...k,nk->...n", x, w, preferred_element_type=jnp.float32).astype(out_dtype)
+
+
+def _engine_head_logits(ep: dict, cfg: Qwen3Config, h):
+    """Logits ``[..., V]`` float32 of the final hidden states ``h [..., E]`` (tied: the embedding
+    table, already ``[V, E]``)."""
+    if not cfg.tie_word_embeddings:
+        return _project(h, ep, "lm_head", jnp.float32)
+    if "qkv_proj" in ep["layers"][0]:  # "in_out"
+        return jnp.einsum("...e,ve->...v", h, ep["embed_tokens"], preferred_element_type=jnp.float32)
+    return _project(h, {"head_t": ep["embed_tokens"]}, "head", jnp.float32)
 
 
 def _engine_qkv(cfg: Qwen3Config, p: dict, x, cos, sin):
@@ -631,7 +692,7 @@ def _engine_qkv(cfg: Qwen3Config, p: dict, x, cos, sin):
     Nq, Nkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     eps = cfg.rms_norm_eps
     h = rms_norm(x, p["input_layernorm"], eps)
-    qkv = h @ p["qkv_proj"]
+    qkv = _project(h, p, "qkv_proj")
     lead = qkv.shape[:-1]
     q = qkv[..., :Nq * D].reshape(lead + (Nq, D))
     k = qkv[..., Nq * D:(Nq + Nkv) * D].reshape(lead + (Nkv, D))
@@ -649,10 +710,10 @@ def _engine_qkv(cfg: Qwen3Config, p: dict, x, cos, sin):
 def _engine_out(cfg: Qwen3Config, p: dict, x, attn):
     """Post-attention half of a layer: ``x + o_proj(attn)``, then the SwiGLU MLP block."""
     I = cfg.intermediate_size
-    x = x + attn @ p["o_proj"]
+    x = x + _project(attn, p, "o_proj")
     h = rms_norm(x, p["post_attention_layernorm"], cfg.rms_norm_eps)
-    gu = h @ p["gate_up_proj"]
-    return x + (jax.nn.silu(gu[..., :I]) * gu[..., I:]) @ p["down_proj"]
+    gu = _project(h, p, "gate_up_proj")
+    return x + _project(jax.nn.silu(gu[..., :I]) * gu[..., I:], p, "down_proj")
 
 
 def prefill(ep: dict, cfg: Qwen3Config, tokens, token_mask):
@@ -695,7 +756,7 @@ def prefill(ep: dict, cfg: Qwen3Config, tokens, token_mask):
             a = attention(q, k, v, token_mask[:, None, :])                      # keys <= last: all
             x = _engine_out(cfg, p, jnp.take_along_axis(x, last[:, :, None], axis=1), a.reshape(G, 1, -1))
     h = rms_norm(x[:, 0], ep["norm"], cfg.rms_norm_eps)
-    logits = jnp.einsum("ge,ev->gv", h, _engine_head(ep, cfg), preferred_element_type=jnp.float32)
+    logits = _engine_head_logits(ep, cfg, h)
     return logits, tuple(kv)
 
 
@@ -806,5 +867,5 @@ def decode_step(ep: dict, cfg: Qwen3Config, tokens, positions, prompt_kv, prompt
         x = _engine_out(cfg, p, x, a)
         new_kv.append((kg, vg))
     h = rms_norm(x, ep["norm"], cfg.rms_norm_eps)
-    logits = jnp.einsum("be,ev->bv", h, _engine_head(ep, cfg), preferred_element_type=jnp.float32)
+    logits = _engine_head_logits(ep, cfg, h)
     return logits, tuple(new_kv)

@@ -144,7 +144,7 @@ def main(argv):
     if not 0 < _TOP_P.value <= 1:
         cli.usage_error(f"--top_p={_TOP_P.value:g}: must be in (0, 1] (1 = off)")
     if _TOP_K.value < -1:
-        cli.usage_error(f"--top_k={_TOP_K.value}: must be >= 1, or -1 (off)")
+        cli.usage_error(f"--top_k={_TOP_K.value}: must be >= 1, or 0 or -1 (off)")
     model = _MODEL.value
     notes = []
     try:
@@ -168,6 +168,8 @@ def main(argv):
         elif fmt is None:
             fmt = PromptFormat(None, enable_thinking=True)
             source = "no rl_config.json (--run_config): the checkpoint's chat template with its own defaults"
+            notes.append("a policy answers best in the prompt format it was trained in (system message, thinking "
+                         "mode); if a jaxrl run trained it, pass --run_config=WORKDIR/rl_config.json")
     except (policy.PolicyError, DatasetError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -84,7 +84,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.generator.num_sidecars = 1  # for backend=jax without sidecar_urls: sidecar processes to spawn
     c.generator.token_file = ""  # shared sidecar token; "" = workdir/.sidecar_token (created)
     # Logprob definition of the rollout engines (rollout/logprob_modes.py), one per run: "full" =
-    # log softmax(logits / T) over the whole vocabulary (DESIGN.md §3, the trainer's definition);
+    # log softmax(logits / T) over the whole vocabulary (docs/architecture.md §3, the trainer's definition);
     # "sampled" = under the distribution actually sampled (after top-k/top-p, renormalised).
     c.generator.logprobs_mode = "full"
     # GPU memory (jaxrl/gpu_memory.py): each sidecar engine's share of every GPU it shares with the
@@ -733,12 +733,14 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
     _require(g.n_samples_per_prompt >= 1, "generator.n_samples_per_prompt", "must be >= 1", "use e.g. 8")
     _require(t.train_batch_size % t.mini_batch_size == 0, "trainer.mini_batch_size",
              f"train_batch_size={t.train_batch_size} is not a multiple of mini_batch_size={t.mini_batch_size}",
-             f"use a divisor of {t.train_batch_size}, e.g. {t.train_batch_size}")
+             f"set trainer.mini_batch_size to a divisor of {t.train_batch_size} (e.g. {t.train_batch_size}), or "
+             f"trainer.train_batch_size to a multiple of {t.mini_batch_size}")
     seqs_per_mini = t.mini_batch_size * g.n_samples_per_prompt
     _require(seqs_per_mini % t.micro_batch_size == 0, "trainer.micro_batch_size",
              f"a mini-batch has mini_batch_size*n_samples_per_prompt={seqs_per_mini} sequences, "
              f"not a multiple of micro_batch_size={t.micro_batch_size}",
-             f"use a divisor of {seqs_per_mini}")
+             f"set trainer.micro_batch_size to a divisor of {seqs_per_mini}, or change mini_batch_size or "
+             f"generator.n_samples_per_prompt so that their product is a multiple of {t.micro_batch_size}")
     _require(t.ema_span >= 1, "trainer.ema_span", "must be >= 1", "use 5")
     _require(t.ckpt_interval >= 1, "trainer.ckpt_interval", "must be >= 1", "use e.g. 5")
     _require(t.max_ckpts_to_keep >= 1, "trainer.max_ckpts_to_keep", "must be >= 1", "use e.g. 2")

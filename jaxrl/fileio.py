@@ -129,11 +129,31 @@ def hf_checkpoint_problem(path: str) -> Optional[str]:
 
 
 _TENSORSTORE_SPEC = re.compile(r"\s*\[tensorstore_spec(\[\d+\])?='.*?'\]", re.S)
+_TENSORSTORE_REPR = re.compile(r"\s*See full TensorStore details: <bound method .*", re.S)
 _DRIVER_CHAIN = re.compile(r'Error opening "\w+" driver: ')
 
 
 def without_tensorstore_noise(message: str) -> str:
-    """`message` (of an Orbax / TensorStore read error) without the JSON specs TensorStore appends
-    (`[tensorstore_spec='...']`, kilobytes each) and its chain of `Error opening "<driver>"
+    """`message` (of an Orbax / TensorStore read error) without the specs TensorStore appends
+    (`[tensorstore_spec='...']` JSON, or Orbax's `See full TensorStore details: <bound method ...
+    spec of TensorStore({...})>`, kilobytes each) and its chain of `Error opening "<driver>"
     driver:` prefixes; other text is returned unchanged."""
-    return _DRIVER_CHAIN.sub("", _TENSORSTORE_SPEC.sub("", message))
+    return _DRIVER_CHAIN.sub("", _TENSORSTORE_REPR.sub("", _TENSORSTORE_SPEC.sub("", message)))
+
+
+def read_error_text(e: BaseException, limit: int = 400) -> str:
+    """A failed checkpoint or weight read on one line, by its cause: `Type: message` of the innermost
+    exception of the chain (`__cause__`, else `__context__`; Orbax wraps TensorStore's error,
+    e.g. "Encountered error while reading array index ..." around "OUT_OF_RANGE: Error reading
+    "w/0.0" ... is not valid for value of size 121258"), without TensorStore's noise
+    (`without_tensorstore_noise`). Longer than `limit` characters, the middle is
+    cut: the end of the message says what is wrong, and long paths sit in the middle."""
+    root, seen = e, {id(e)}
+    while (nxt := root.__cause__ or root.__context__) is not None and id(nxt) not in seen:
+        root = nxt
+        seen.add(id(root))
+    text = " ".join(f"{type(root).__name__}: {without_tensorstore_noise(str(root))}".split())
+    if len(text) <= limit:
+        return text
+    head = limit // 4
+    return f"{text[:head]} ... {text[-(limit - head - 5):]}"

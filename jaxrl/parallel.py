@@ -1,4 +1,4 @@
-"""Device mesh, logical-axis sharding rules and sharding helpers (DESIGN.md §5).
+"""Device mesh, logical-axis sharding rules and sharding helpers (docs/architecture.md §5).
 
 The mesh always has the three axes ``('data', 'fsdp', 'tensor')``:
 

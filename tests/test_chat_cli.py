@@ -184,7 +184,7 @@ def test_chat_without_a_model_is_one_line():
     ("--temperature", "-1", "--temperature=-1: must be 0 (greedy) or a finite number >= 0.01"),
     ("--temperature", "0.001", "--temperature=0.001: must be 0 (greedy)"),
     ("--top_p", "0", "--top_p=0: must be in (0, 1]"),
-    ("--top_k", "-2", "--top_k=-2: must be >= 1, or -1 (off)"),
+    ("--top_k", "-2", "--top_k=-2: must be >= 1, or 0 or -1 (off)"),
 ])
 def test_bad_decoding_flags_are_one_line_naming_the_flag(flag, value, expected):
     """Regression: --max_new_tokens=-5 ended in a message naming the internal
@@ -201,3 +201,5 @@ def test_banner_of_a_checkpoint_without_a_run_says_no_system_message():
                          input="", capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "system message none, thinking on" in out.stderr and "None" not in out.stderr, out.stderr
+    # ... and says where the training prompt format comes from (fresh-user review: garbage answers, no hint)
+    assert "pass --run_config=WORKDIR/rl_config.json" in out.stderr, out.stderr

@@ -62,6 +62,20 @@ def test_invalid_values_name_the_key_and_the_fix(key, value, match):
     assert e.value.key == key and "Fix:" in str(e.value)
 
 
+def test_batch_size_mismatches_name_both_keys_in_the_fix():
+    """Regression (fresh-user review): train_batch_size=7 was blamed on mini_batch_size with "use a
+    divisor of 7", and n_samples_per_prompt=1 on micro_batch_size, naming neither key set."""
+    c = set_key(rloo.get_config(), "trainer.train_batch_size", 7)
+    with pytest.raises(ConfigError) as e:
+        validate(c)
+    assert "set trainer.mini_batch_size to a divisor of 7" in str(e.value)
+    assert f"or trainer.train_batch_size to a multiple of {c.trainer.mini_batch_size}" in str(e.value)
+    c = set_key(rloo.get_config(), "generator.n_samples_per_prompt", 1)
+    with pytest.raises(ConfigError) as e:
+        validate(c)
+    assert "change mini_batch_size or generator.n_samples_per_prompt" in str(e.value), str(e.value)
+
+
 def test_seq_mean_token_sum_norm_requires_max_seq_len():
     c = rloo.get_config()
     c.trainer.algorithm.loss_reduction = "seq_mean_token_sum_norm"

@@ -277,3 +277,35 @@ def test_resuming_with_another_config_lists_every_differing_key_old_to_new(tmp_p
     c = base_config()
     c.trainer.num_steps = 99
     check_resume_config(c, wd, write=True)  # a resumable change only
+
+
+@pytest.mark.parametrize("where", ["params/d", "params/ocdbt.process_0/d"])
+def test_a_damaged_checkpoint_is_named_by_its_cause_under_a_long_workdir(tmp_path, capsys, where):
+    """Regression (fresh-user review): the warning cut the message at 400 characters from its start,
+    so under a long workdir path the cause fell off; and a truncated array chunk
+    (ocdbt.process_0/d) was reported by Orbax's wrapper ("Encountered error while reading array
+    index ... See full TensorStore details: <bound method ...>") without the cause."""
+    from jaxrl.train.rundir import TrainerState
+
+    wd = tmp_path / ("a_long_workdir_name_" * 8) / ("and_deeper_" * 8)
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.asarray(rng.standard_normal((512, 128)), jnp.float32)}  # incompressible: a real chunk
+    opt = {"m": jnp.zeros(3)}
+    ck = _checkpoints(wd, 3, params, opt)
+    for step in (1, 2):
+        ck.save(step, params, opt, TrainerState(), RewardEMA(value=0.1 * step))
+    ck.close()
+    d = wd / "checkpoints" / "2" / where
+    files = [p for p in d.iterdir() if p.is_file()]
+    assert files
+    for f in files:
+        os.truncate(f, f.stat().st_size // 2)
+    capsys.readouterr()
+    ck = _checkpoints(wd, 3, params, opt)
+    step, _, _, _ = ck.resume()
+    ck.close()
+    assert step == 1
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("jaxrl: warning: checkpoint 2 ")]
+    cause = line.split(" is damaged (", 1)[1].rsplit("); moved it to ", 1)[0]
+    assert len(cause) <= 400 and "is not valid for value of size" in cause, cause
+    assert "tensorstore_spec" not in line and "TensorStore details" not in line and "bound method" not in line, line

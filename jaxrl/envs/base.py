@@ -1,4 +1,4 @@
-"""Environments, the Trajectory contract and the multi-turn rollout loop (DESIGN.md §1, §3).
+"""Environments, the Trajectory contract and the multi-turn rollout loop (docs/architecture.md §1, §3).
 
 An environment is a conversation partner with a verifiable reward (SkyRL-Gym style):
 `reset(task) -> messages`, then `step(assistant_text) -> (observations, reward, done, info)`.
@@ -132,7 +132,7 @@ class Env(Protocol):
 
 @dataclasses.dataclass
 class Trajectory:
-    """One rollout (DESIGN.md §3). Host-side numpy arrays.
+    """One rollout (docs/architecture.md §3). Host-side numpy arrays.
 
     Attributes:
       prompt_ids: [P] int32, the rendered initial conversation incl. the generation prompt.

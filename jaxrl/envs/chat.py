@@ -1,4 +1,4 @@
-"""Chat template rendering for token-in / token-out rollouts (DESIGN.md §1, §3).
+"""Chat template rendering for token-in / token-out rollouts (docs/architecture.md §1, §3).
 
 `ChatTemplate` wraps the tokenizer and chat template of a checkpoint directory (loaded with
 `transformers.AutoTokenizer.from_pretrained`) and produces exactly three kinds of token ids:
@@ -9,7 +9,7 @@
 * the observation after an assistant turn: `encode_observation(new_messages, last_token_id)`;
 * nothing else: sampled tokens are appended by the caller exactly as the engine returned them.
 
-How observation tokens are computed (the choice asked for in DESIGN.md §3). Re-rendering the
+How observation tokens are computed (the choice asked for in docs/architecture.md §3). Re-rendering the
 whole history with the Qwen3 template is *not* a token extension of the previous turn: the
 template strips `<think>` blocks from assistant turns before the last user query and renders the
 last assistant turn differently from an earlier one (Qwen3 notes §2, "template stripping

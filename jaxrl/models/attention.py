@@ -21,7 +21,7 @@ Implementations (``Qwen3Config.attention``):
 * ``'cudnn'`` — :func:`cudnn_attention`: the cuDNN flash kernel via
   ``jax.nn.dot_product_attention(is_causal=True, query_seq_lengths=..., key_value_seq_lengths=...)``
   (mask type padding+causal; no mask tensor). It expresses rows holding one sequence starting at
-  index 0 followed by padding (what the trainer builds, DESIGN.md §3); a batch with any other row
+  index 0 followed by padding (what the trainer builds, docs/architecture.md §3); a batch with any other row
   layout (left padding, packing) is computed by the exact ``'xla'`` kernel through ``lax.cond``.
   NVIDIA GPUs (Ampere or newer), bfloat16/float16.
 * ``'splash'`` — :func:`splash_attention`: the Pallas TPU splash-attention kernel with a causal

@@ -98,7 +98,7 @@ def state_values(params: dict, cfg: Qwen3Config, tokens, positions, segment_ids)
 
 
 def values(params: dict, cfg: Qwen3Config, tokens, positions, segment_ids):
-    """Target-aligned values ``[B, T-1]`` float32 (DESIGN.md §3): entry t is the value of the state
+    """Target-aligned values ``[B, T-1]`` float32 (docs/architecture.md §3): entry t is the value of the state
     that predicts ``tokens[:, t+1]``, i.e. the state before the response token scored at entry t
     (SkyRL: ``values[:, :-1][:, -num_actions:]``). This is what GAE takes as V_t."""
     return state_values(params, cfg, tokens, positions, segment_ids)[:, :-1]

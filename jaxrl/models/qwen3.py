@@ -476,7 +476,7 @@ def logprobs(params: dict, cfg: Qwen3Config, tokens, positions, segment_ids, tar
       tokens, positions, segment_ids: ``[B, T]`` int32 as in :func:`hidden_states`.
       targets: ``[B, T]`` int32 token scored at each position; default ``None`` means next-token
         targets, and the outputs are then **target-aligned** ``[B, T-1]`` (entry t is the logprob
-        of ``tokens[:, t+1]`` given the prefix, DESIGN.md §3).
+        of ``tokens[:, t+1]`` given the prefix, docs/architecture.md §3).
       temperature, chunk_size, save_probs: see :func:`logprobs_from_hidden`.
     Returns ``(logprobs, entropy)``, both ``[B, T]`` (or ``[B, T-1]`` for next-token targets).
     """

@@ -1,12 +1,12 @@
 """Policy losses, mini-batch reductions, KL and entropy terms, off-policy correction.
 
-All arrays are target-aligned [N, T] (DESIGN.md §3: entry t scores the prediction of token t+1;
+All arrays are target-aligned [N, T] (docs/architecture.md §3: entry t scores the prediction of token t+1;
 T here is the padded width minus one), one trajectory per row, float32 unless stated:
 `logprobs` (log π_θ, differentiable), `old_logprobs` (log π_old, recomputed by the trainer),
 `advantages`, `loss_mask` (bool or 0/1), optional `rollout_logprobs` (log μ from the rollout
 engine), `ref_logprobs` (log π_ref) and `entropy` (per-token entropy of π_θ).
 
-How the trainer uses this module (the mini-batch contract, DESIGN.md §4)
+How the trainer uses this module (the mini-batch contract, docs/architecture.md §4)
 -------------------------------------------------------------------------
 1. Once per mini-batch, BEFORE splitting it into micro-batches or sharding it:
        weights = compute_loss_weights(loss_mask_of_whole_minibatch, config, sequence_mask)

@@ -1,4 +1,4 @@
-"""jaxrl.rollout: generation backends behind one client (DESIGN.md §6).
+"""jaxrl.rollout: generation backends behind one client (docs/sidecar.md).
 
 Modules (import them explicitly; this package imports nothing heavy, so the vLLM worker and the
 vLLM front can run without JAX):

@@ -2,7 +2,7 @@
 
 A run picks one definition (`generator.logprobs_mode`, recorded in rl_config.json):
 
-* ``"full"`` (DESIGN.md §3): log softmax(logits / T)[token] over the whole vocabulary, without
+* ``"full"`` (docs/architecture.md §3): log softmax(logits / T)[token] over the whole vocabulary, without
   top-p/top-k renormalisation: the same quantity the trainer computes for π_old.
 * ``"sampled"``: the log-probability under the distribution actually sampled: logits / T, then
   top-k and top-p masking, then log softmax over the kept tokens (renormalised). This is the true

@@ -1,4 +1,4 @@
-"""Batched KV-cache generation for Qwen3 in JAX (the built-in rollout engine, DESIGN.md §6).
+"""Batched KV-cache generation for Qwen3 in JAX (the built-in rollout engine, docs/sidecar.md).
 
 One jitted program per shape bucket does the whole generation on the device, with no host work
 per token:
@@ -19,7 +19,7 @@ Token selection per row: temperature, top-p (nucleus, Holtzman et al. 2020 §3.1
 smallest prefix of the sorted distribution whose mass reaches p), top-k, greedy, several stop
 ids, ``max_tokens``. Logprobs (float32), per request (`SamplingParams.logprobs_mode`):
 
-* ``"full"`` (default, DESIGN.md §3): ``log_softmax(logits / temperature)[token]`` over the full
+* ``"full"`` (default, docs/architecture.md §3): ``log_softmax(logits / temperature)[token]`` over the full
   vocabulary, without top-p/top-k renormalisation, whatever filter sampled the token;
 * ``"sampled"``: the log-probability under the distribution the token was drawn from: after
   temperature, top-k and top-p, renormalised over the kept set (vLLM's ``processed_logprobs``).

@@ -240,10 +240,13 @@ class JaxBackend:
 
 
 def _describe(e: BaseException) -> str:
-    """An exception in words: its message (without TensorStore's specs), or its kind when it has none."""
-    from jaxrl.fileio import without_tensorstore_noise
+    """An exception in words: its message, or its kind when it has none; a read error of Orbax /
+    TensorStore by its cause, without TensorStore's specs (`jaxrl.fileio.read_error_text`)."""
+    from jaxrl.fileio import read_error_text
 
-    msg = without_tensorstore_noise(str(e)).strip()
+    if "TensorStore" in str(e) or "tensorstore" in str(e):
+        return read_error_text(e)
+    msg = str(e).strip()
     return msg if msg else type(e).__name__
 
 

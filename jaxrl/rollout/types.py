@@ -1,6 +1,6 @@
 """Data types shared by every rollout backend (JAX engine, sidecar client, vLLM).
 
-Generation is token-in / token-out (DESIGN.md §1, §3): a request carries prompt token ids, a
+Generation is token-in / token-out (docs/architecture.md §1, §3): a request carries prompt token ids, a
 completion carries the exact sampled token ids and their logprobs. Nothing here re-tokenizes.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ class SamplingParams:
       max_tokens: maximum number of new tokens (the stop token counts as one). Integer >= 1.
       temperature: softmax temperature, finite in float32, >= `MIN_TEMPERATURE` (0.01). Logprobs are
         log softmax(logits / temperature) of the sampled token, float32, without top-p/top-k
-        renormalisation (DESIGN.md §3), unless `logprobs_mode` is "sampled".
+        renormalisation (docs/architecture.md §3), unless `logprobs_mode` is "sampled".
       top_p: nucleus mass in (0, 1]; 1.0 disables it. The most likely token is always kept, so a
         tiny top_p is greedy sampling, never an empty set.
       top_k: keep the k most likely tokens; 0 or -1 disables it. Integer >= -1.
@@ -56,7 +56,7 @@ class SamplingParams:
         prompt and weights give the same tokens, whatever else is in the batch.
       greedy: argmax decoding (logprobs still use `temperature`).
       logprobs_mode: which log-probability each completion reports for its tokens (float32):
-        ``"full"`` (default, DESIGN.md §3): log softmax(logits / temperature) over the full
+        ``"full"`` (default, docs/architecture.md §3): log softmax(logits / temperature) over the full
         vocabulary, the trainer's definition; ``"sampled"``: the log-probability under the
         distribution actually sampled, i.e. after temperature, top-k and top-p, renormalised over
         the kept set (vLLM's ``processed_logprobs``; for greedy rows the same filtered

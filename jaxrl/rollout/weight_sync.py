@@ -1,4 +1,4 @@
-"""Policy weight sync through Orbax checkpoints in a shared directory (DESIGN.md §6).
+"""Policy weight sync through Orbax checkpoints in a shared directory (docs/sidecar.md).
 
 Layout written by `publish` (one directory per policy version):
 

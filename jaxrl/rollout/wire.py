@@ -2,14 +2,14 @@
 decodes), so that the two can never drift apart.
 
 ``POST /v1/completions`` is the token-in/token-out subset of the OpenAI completions API that vLLM's
-OpenAI-compatible server also speaks (DESIGN.md §6):
+OpenAI-compatible server also speaks (docs/sidecar.md):
 
 * request: ``prompt`` as token ids (a list of ints, or a list of lists of ints), ``max_tokens``,
   ``temperature`` (0 = greedy, as in vLLM), ``top_p``, ``top_k`` (vLLM extra; -1 or 0 = off),
   ``n``, ``seed``, ``stop_token_ids`` and ``ignore_eos`` (vLLM extras), ``logprobs`` (0 = the
   sampled token's logprob only; the only value served), ``return_token_ids`` (vLLM extra).
   jaxrl extensions: ``greedy`` (argmax decoding with logprobs at ``temperature``) and
-  ``logprobs_mode`` ("full" = log softmax(logits / T) over the whole vocabulary, DESIGN.md §3;
+  ``logprobs_mode`` ("full" = log softmax(logits / T) over the whole vocabulary, docs/architecture.md §3;
   "sampled" = log-probability under the distribution actually sampled, after top-k/top-p,
   renormalised). Fields whose semantics this sidecar does not implement (text prompts,
   ``stream``, stop strings, penalties, ``min_p``, ``logit_bias``, ``best_of`` > 1, ``echo``,

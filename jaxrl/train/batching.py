@@ -1,4 +1,4 @@
-"""Trajectories -> the fixed-shape, target-aligned arrays of one training batch (DESIGN.md §3).
+"""Trajectories -> the fixed-shape, target-aligned arrays of one training batch (docs/architecture.md §3).
 
 Rows are right-padded to a length bucket (`trainer.seq_len_buckets`) so the train step compiles
 a bounded number of times. Trajectories that ended with an `EXCLUDED_STOP_REASONS` stop reason
@@ -42,7 +42,7 @@ def excluded_detail(t: Trajectory) -> str:
 
 
 def pack_trajectories(trajs: list[Trajectory], advantages: Optional[np.ndarray], buckets) -> dict[str, np.ndarray]:
-    """Right-padded rows `[N, T]` (T bucketed) with target-aligned `[N, T-1]` arrays (DESIGN.md §3).
+    """Right-padded rows `[N, T]` (T bucketed) with target-aligned `[N, T-1]` arrays (docs/architecture.md §3).
 
     Row i holds prompt_ids + response_ids; response token j sits at position P + j and is
     predicted at target index P + j - 1, which is where its loss_mask, rollout logprob and the

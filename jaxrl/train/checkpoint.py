@@ -26,8 +26,6 @@ from typing import Any, Iterable, Optional
 import jax
 import orbax.checkpoint as ocp
 
-from jaxrl.fileio import without_tensorstore_noise
-
 
 class CheckpointStore:
     """Saves and restores training state under `workdir/checkpoints`.
@@ -238,14 +236,6 @@ def silence_unraisable_about(paths: Iterable[str]) -> None:
             previous(args)
 
     sys.unraisablehook = hook
-
-
-def damage_text(e: BaseException, limit: int = 400) -> str:
-    """`Type: message` of a failed checkpoint read on one line, without TensorStore's noise
-    (`jaxrl.fileio.without_tensorstore_noise`), so that the cause is left (which array, which
-    file, what is wrong with it); cut at `limit` characters."""
-    text = " ".join(f"{type(e).__name__}: {without_tensorstore_noise(str(e))}".split())
-    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def is_damage_error(e: BaseException) -> bool:

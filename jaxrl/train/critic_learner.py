@@ -5,7 +5,7 @@ The critic is `jaxrl.models.critic` (a Qwen3 trunk with a scalar value head) pla
 mesh with the same logical-axis rules as the policy; its trunk starts from
 `trainer.critic.model.path` (default: the policy's starting checkpoint) and its head at 0.
 
-Per RL step (DESIGN.md §1, with a critic): `values` gives V_old for every mini-batch before any
+Per RL step (docs/architecture.md §1, with a critic): `values` gives V_old for every mini-batch before any
 update (the same partition as the policy's old logprobs); GAE turns rewards and V_old into
 advantages and returns; then `update` takes one AdamW step per mini-batch on the clipped value
 loss (`jaxrl.rl.value_loss`), with the gradient accumulated over the same micro-batches as the

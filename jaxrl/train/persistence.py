@@ -11,7 +11,8 @@ import sys
 import jax
 
 from jaxrl.models import hf_io
-from jaxrl.train.checkpoint import (CheckpointStore, collect_unraisable, damage_text, is_damage_error, replay_unraisable,
+from jaxrl.fileio import read_error_text
+from jaxrl.train.checkpoint import (CheckpointStore, collect_unraisable, is_damage_error, replay_unraisable,
                                    silence_unraisable_about)
 from jaxrl.train.multihost import all_processes_ok
 from jaxrl.train.rundir import CheckpointError, TrainerState, maybe_kill
@@ -95,7 +96,7 @@ class Checkpoints:
                 except Exception as e:  # noqa: BLE001 - classified by is_damage_error
                     if not is_damage_error(e):
                         raise
-                    error = damage_text(e)
+                    error = read_error_text(e)
                 if all_processes_ok(not error, f"resume_{step}"):
                     break
                 damaged.append((step, error or "unreadable on another process"))
@@ -162,7 +163,7 @@ class Checkpoints:
                 except Exception as e:  # noqa: BLE001 - classified by is_damage_error
                     if not is_damage_error(e):
                         raise
-                    error = damage_text(e)
+                    error = read_error_text(e)
             if all_processes_ok(not error, f"restore_best_{best}"):
                 replay_unraisable(library_noise)
                 return params, opt_state

@@ -2,7 +2,7 @@
 gradient accumulation.
 
 The mini-batch loss is a weighted sum whose weights are fixed for the whole mini-batch
-(`jaxrl.rl.losses.compute_loss_weights`, DESIGN.md §4), so the gradient accumulated over K
+(`jaxrl.rl.losses.compute_loss_weights`, docs/architecture.md §4), so the gradient accumulated over K
 micro-batches inside one compiled `lax.scan` equals the gradient of the whole mini-batch, for
 any K and any sharding of the rows. A non-finite gradient norm skips the update (params and
 optimizer state unchanged, the schedule not advanced) and is reported as `update_skipped`.
@@ -120,7 +120,7 @@ def sequence_logprobs(params, model_cfg: qwen3.Qwen3Config, tokens, positions, s
                       temperature: float, chunk_size: int, save_probs: bool = False):
     """Target-aligned logprobs and entropies `[N, T-1]` float32 of `tokens [N, T]`.
 
-    Entry t is log softmax(logits_t / temperature)[tokens[:, t+1]] (DESIGN.md §3). `params` may be
+    Entry t is log softmax(logits_t / temperature)[tokens[:, t+1]] (docs/architecture.md §3). `params` may be
     in pinned host memory (trainer.optimizer.offload='moments_and_master'): they are streamed to the
     device (a no-op for device arrays). `save_probs` only changes what a backward pass starts from.
     """

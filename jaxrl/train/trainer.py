@@ -1,4 +1,4 @@
-"""The RL loop (DESIGN.md §1): rollouts through the sidecar fleet, advantages, PPO updates on the
+"""The RL loop (docs/architecture.md §1): rollouts through the sidecar fleet, advantages, PPO updates on the
 mesh, weight publication, evaluation, checkpoints, run logs, best-by-EMA selection and collapse
 handling. This module composes the others; one RL step is `Trainer._rl_step`:
 

@@ -59,6 +59,8 @@ def run(main: Callable, doc: str, keys_hint: bool = True, argv: Optional[Sequenc
     if any(a in HELPFULL_FLAGS for a in argv[1:]):
         sys.stdout.write(help_text(doc, keys_hint) + "\nall flags:\n" + flags.FLAGS.get_help() + "\n")
         sys.exit(0)
+    if "config" not in flags.FLAGS and recipe_spec(argv[1:]) is not None:
+        usage_error(f"--config: this command has no --config recipe{no_config_hint}")
     overrides = _overrides(argv[1:])
     if overrides and recipe_spec(argv[1:]) is None:
         if "config" in flags.FLAGS:

@@ -157,6 +157,16 @@ def test_commands_without_a_recipe_say_they_take_no_overrides(command, takes):
     assert out.stderr.startswith(f"error: --config.trainer.num_steps=2: {takes}"), out.stderr
 
 
+@pytest.mark.parametrize("recipe", [["--config=configs/rloo.py"], ["--config", "configs/rloo.py"]])
+def test_chat_given_a_recipe_says_it_takes_none(recipe):
+    """Regression (fresh-user review): `jaxrl.chat --config=configs/rloo.py`, copied from the
+    evaluate command, got absl's bare "Unknown command line flag 'config'"."""
+    out = _run("jaxrl.chat", "--model=runs/rloo/best", *recipe)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert out.stderr.startswith("error: --config: this command has no --config recipe; the prompt format comes "
+                                 "from the run's rl_config.json (--run_config"), out.stderr
+
+
 def test_config_show_takes_the_recipe_as_jaxrl_main_does():
     out = _run("jaxrl.config", "show", "--config=configs/rloo.py", "mesh")
     assert out.returncode == 0, out.stderr

@@ -417,7 +417,9 @@ def test_background_processes_do_not_survive(tmp_path):
     with Trial(task, tmp_path / "trial", TrialConfig()) as trial:
         r = trial.exec(f"nohup sleep 1{m} >/dev/null 2>&1 & setsid sleep 2{m} & (sleep 3{m} &) ; echo started")
         assert "started" in r.output
-        assert not processes_with(f"1{m}") and not processes_with(f"2{m}") and not processes_with(f"3{m}")
+        # Killed with the command's sandbox; SIGKILL takes effect asynchronously, so a loaded host can
+        # still list one for a moment after exec returns (seen once in 900 runs of the suite).
+        assert _gone([f"1{m}", f"2{m}", f"3{m}"]), [processes_with(f"{i}{m}") for i in (1, 2, 3)]
         trial.send_keys(f"nohup sleep 4{m} >/dev/null 2>&1 &\n", 2)
         trial.send_keys(f"setsid sleep 5{m} & disown\n", 2)
         trial.send_keys(f"(setsid sleep 6{m} &)\n", 2)
@@ -428,7 +430,17 @@ def test_background_processes_do_not_survive(tmp_path):
         assert processes_with(f"4{m}") and processes_with(f"5{m}") and processes_with(f"6{m}")
         v = trial.verify()  # the agent phase ends: its processes are killed before the verifier runs
         assert v.outcome == Outcome.OK
-        assert not processes_with(f"4{m}") and not processes_with(f"5{m}") and not processes_with(f"6{m}")
+        assert _gone([f"4{m}", f"5{m}", f"6{m}"]), [processes_with(f"{i}{m}") for i in (4, 5, 6)]
+
+
+def _gone(markers, within: float = 5.0) -> bool:
+    """True once no host process has any of `markers` in its command line, polled for `within` s."""
+    deadline = time.monotonic() + within
+    while any(processes_with(x) for x in markers):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def test_sandbox_unavailable_is_a_clear_error(tmp_path):

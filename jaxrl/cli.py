@@ -122,22 +122,13 @@ def missing_recipe_message(arg: str, flag: str = "config") -> str:
 
 
 def take_overrides(args: Sequence[str], flag: str = "config") -> tuple[list[str], list[str]]:
-    """Splits `args` into the `--config.KEY=VALUE` / `--config.KEY VALUE` overrides and the rest
-    (for a command that applies them to a config it reads itself, not to a `--config` recipe)."""
-    rest, taken = [], []
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a.startswith(f"--{flag}."):
-            if "=" in a or i + 1 >= len(args):
-                taken.append(a)
-            else:
-                taken.append(f"{a}={args[i + 1]}")
-                i += 1
-        else:
-            rest.append(a)
-        i += 1
-    return rest, taken
+    """Splits `args` into the `--config.KEY=VALUE` / `--config.KEY VALUE` overrides (each as one
+    `--config.KEY=VALUE` argument) and the rest (for a command that applies them to a config it
+    reads itself, not to a `--config` recipe)."""
+    spans = _override_spans(args, flag)
+    used = {i for start, end, *_ in spans for i in range(start, end)}
+    taken = [a if "=" in a or value is None else f"{a}={value}" for _, _, a, _, value in spans]
+    return [a for i, a in enumerate(args) if i not in used], taken
 
 
 def apply_overrides(c, overrides: Sequence[str], source: str, flag: str = "config"):
@@ -197,18 +188,28 @@ def recipe_spec(argv: Sequence[str], flag: str = "config") -> Optional[str]:
     return None
 
 
-def _overrides(argv: Sequence[str], flag: str = "config") -> list[tuple[str, str, Optional[str]]]:
-    """`(argument, key, value)` of every `--config.KEY=VALUE` (or `--config.KEY VALUE`) in argv."""
-    out = []
-    for i, a in enumerate(argv):
+def _override_spans(argv: Sequence[str], flag: str = "config") -> list[tuple[int, int, str, str, Optional[str]]]:
+    """`(start, end, argument, key, value)` of every `--config.KEY=VALUE` (argv[start:end] is the one
+    argument) or `--config.KEY VALUE` (the two arguments) in argv; value None when nothing follows."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
         if a.startswith(f"--{flag}."):
             body = a[len(flag) + 3:]
             if "=" in body:
                 key, value = body.split("=", 1)
+                out.append((i, i + 1, a, key, value))
             else:
-                key, value = body, argv[i + 1] if i + 1 < len(argv) else None
-            out.append((a, key, value))
+                value = argv[i + 1] if i + 1 < len(argv) else None
+                out.append((i, i + 1 if value is None else i + 2, a, body, value))
+                i += 0 if value is None else 1
+        i += 1
     return out
+
+
+def _overrides(argv: Sequence[str], flag: str = "config") -> list[tuple[str, str, Optional[str]]]:
+    """`(argument, key, value)` of every `--config.KEY=VALUE` (or `--config.KEY VALUE`) in argv."""
+    return [(a, key, value) for _, _, a, key, value in _override_spans(argv, flag)]
 
 
 def flag_error_line(e: BaseException, argv: Sequence[str], flag: str = "config", recipe=None) -> str:

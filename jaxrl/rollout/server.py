@@ -244,7 +244,7 @@ def _describe(e: BaseException) -> str:
     TensorStore by its cause, without TensorStore's specs (`jaxrl.fileio.read_error_text`)."""
     from jaxrl.fileio import read_error_text
 
-    if "TensorStore" in str(e) or "tensorstore" in str(e):
+    if "tensorstore" in str(e).lower():
         return read_error_text(e)
     msg = str(e).strip()
     return msg if msg else type(e).__name__

@@ -145,9 +145,10 @@ def main(argv=None):
     mask = np.ones((G, P), bool)
     # The step's cost does not depend on the cache's values: a random prompt cache stands in for
     # the prefill's (whose time is in the engine line below), saving a compile of the prefill.
-    kv_shape = (G, cfg.num_key_value_heads, P, cfg.head_dim)
-    prompt_kv = tuple((jax.random.normal(jax.random.PRNGKey(2 * i), kv_shape, cfg.compute_dtype),
-                       jax.random.normal(jax.random.PRNGKey(2 * i + 1), kv_shape, cfg.compute_dtype))
+    k_shape = (G, cfg.num_key_value_heads, cfg.head_dim, P)  # qwen3.KV_LAYOUT
+    v_shape = (G, cfg.num_key_value_heads, P, cfg.head_dim)
+    prompt_kv = tuple((jax.random.normal(jax.random.PRNGKey(2 * i), k_shape, cfg.compute_dtype),
+                       jax.random.normal(jax.random.PRNGKey(2 * i + 1), v_shape, cfg.compute_dtype))
                       for i in range(L))
 
     # -- forward alone: K decode steps in one program, in the engine's cache layout ----------

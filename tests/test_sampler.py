@@ -401,6 +401,8 @@ def test_prefill_and_decode_steps_equal_the_full_forward(model, full_logits, lay
             sl = slice(0, len(p)) if side == "right" else slice(P - len(p), P)
             tokens[g, sl], mask[g, sl] = p, True
         logits, pkv = prefill(ep, tokens, mask)
+        Nkv, D = cfg.num_key_value_heads, cfg.head_dim  # qwen3.KV_LAYOUT: keys slot-minor
+        assert [(k.shape, v.shape) for k, v in pkv] == [((2, Nkv, D, P), (2, Nkv, P, D))] * cfg.num_hidden_layers
         for g, p in enumerate(prompts):
             np.testing.assert_allclose(logits[g], full_logits(p)[-1], atol=1e-5, rtol=0)
         for R in (2, 1):  # row b continues prompt b // R

@@ -55,6 +55,52 @@ def test_run_logger_writes_files_and_resume_drops_later_rows(tmp_path):
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def _tensorboard_scalars(logdir: str, tag: str) -> dict[int, float]:
+    """What TensorBoard shows for `tag`: event files read in name order (TFRecord framing: u64
+    length, u32 crc, data, u32 crc), and TensorBoard's orphan purge applied (a SessionLog.START
+    event at step S drops the events already read at steps >= S)."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    seen: dict[int, float] = {}
+    for name in sorted(os.listdir(logdir)):
+        data = open(os.path.join(logdir, name), "rb").read()
+        pos = 0
+        while pos < len(data):
+            (n,) = struct.unpack("<Q", data[pos:pos + 8])
+            ev = event_pb2.Event.FromString(data[pos + 12:pos + 12 + n])
+            pos += 12 + n + 4
+            if ev.HasField("session_log") and ev.session_log.status == event_pb2.SessionLog.START:
+                seen = {k: v for k, v in seen.items() if k < ev.step}
+            for v in ev.summary.value:
+                if v.tag == tag:
+                    seen[ev.step] = v.simple_value
+    return seen
+
+
+def test_resumed_run_replaces_the_killed_runs_later_steps_in_tensorboard(tmp_path):
+    """Regression: a resumed run wrote its steps to a new event file next to the killed run's,
+    and TensorBoard showed both values for the re-run steps; two writers in one second also
+    shared (and truncated) one file. A fresh run starts from no events."""
+    wd = str(tmp_path)
+    tb = os.path.join(wd, "tensorboard")
+    log = RunLogger(wd, resume_step=None)
+    for step in (1, 2, 3):
+        log.log_step(step, {"reward": float(step)})
+    log.close()
+    assert _tensorboard_scalars(tb, "reward") == {1: 1.0, 2: 2.0, 3: 3.0}
+    log = RunLogger(wd, resume_step=1)  # the checkpoint of step 1; steps 2, 3 are run again
+    log.log_step(2, {"reward": 20.0})
+    log.close()
+    assert len(os.listdir(tb)) == 2
+    assert _tensorboard_scalars(tb, "reward") == {1: 1.0, 2: 20.0}
+    log = RunLogger(wd, resume_step=None)
+    log.log_step(1, {"reward": 5.0})
+    log.close()
+    assert _tensorboard_scalars(tb, "reward") == {1: 5.0}
+
+
 def test_checkpoint_store_keeps_latest_plus_protected_and_restores_exactly(tmp_path):
     store = CheckpointStore(str(tmp_path), max_to_keep=2, async_save=False)
     params = {"w": jnp.arange(12.0).reshape(4, 3), "b": {"c": jnp.ones(5, jnp.bfloat16)}}

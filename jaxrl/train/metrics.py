@@ -13,7 +13,9 @@ import io
 import json
 import math
 import os
+import shutil
 import sys
+import time
 from typing import Any, Iterable, Optional
 
 from jaxrl.fileio import atomic_write_bytes, atomic_write_text
@@ -86,7 +88,10 @@ class RunLogger:
       workdir: the run directory.
       resume_step: the step of the restored checkpoint (rows with step > resume_step, written by
         a run that was killed later, are dropped); None for a fresh run (existing logs removed).
-      use_tensorboard: write tensorboardX events under workdir/tensorboard.
+      use_tensorboard: write tensorboardX events under workdir/tensorboard. A resumed run's event
+        file starts with TensorBoard's purge marker (``SessionLog.START`` at step resume_step + 1),
+        so TensorBoard drops the killed run's events of those steps instead of showing them next
+        to the new ones; a fresh run removes the old event files.
     """
 
     def __init__(self, workdir: str, resume_step: Optional[int] = None, use_tensorboard: bool = True):
@@ -108,7 +113,14 @@ class RunLogger:
         if use_tensorboard:
             from tensorboardX import SummaryWriter
 
-            self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+            tb_dir = os.path.join(workdir, "tensorboard")
+            if resume_step is None:
+                shutil.rmtree(tb_dir, ignore_errors=True)
+            # tensorboardX names an event file by the second and host only; two writers in one
+            # second (a quick resume) would share a file, and the second would truncate the first.
+            # The nanosecond suffix keeps them apart and in TensorBoard's (lexicographic) order.
+            self.tb = SummaryWriter(tb_dir, purge_step=None if resume_step is None else resume_step + 1,
+                                    filename_suffix=f".{time.time_ns()}")
 
     @staticmethod
     def _read_jsonl(path: str) -> list[dict[str, Any]]:

@@ -3,10 +3,11 @@
   python -m jaxrl.chat --model runs/rloo/best                          # interactive
   python -m jaxrl.chat --model runs/rloo/best --prompt "What is 37 + 48?"   # one answer, for scripts
   python -m jaxrl.chat --model runs/rloo/sync/60                       # a published policy version
+  python -m jaxrl.chat --model runs/rloo/checkpoints/40                # a training checkpoint
   python -m jaxrl.chat --model /ckpt/Qwen3-8B --run_config runs/r1/rl_config.json
 
 The prompt format comes from the run's rl_config.json (best/rl_config.json, or WORKDIR's for a
-published version; --run_config names another): the system message every training prompt began
+published version or a training checkpoint; --run_config names another): the system message every training prompt began
 with (the task's instruction, e.g. the arithmetic task's answer-tag instruction) and the thinking
 mode (generator.enable_thinking). Without a run config, the format a jaxrl export baked into its
 chat template, or (any other checkpoint) no system message and thinking on, Qwen3's default.
@@ -46,8 +47,9 @@ _SHOW_PROMPT = None
 def define_flags() -> None:
     """Registers this command's absl flags (called once, by `python -m` of this module)."""
     global _MODEL, _RUN_CONFIG, _PROMPT, _SYSTEM, _THINKING, _MAX_NEW, _TEMPERATURE, _TOP_P, _TOP_K, _SEED, _DTYPE, _MAX_SEQ, _SHOW_PROMPT
-    _MODEL = flags.DEFINE_string("model", None, "Policy: an HF checkpoint directory (a run's best/) or a published "
-                                 "version WORKDIR/sync/<version>.")
+    _MODEL = flags.DEFINE_string("model", None, "Policy: an HF checkpoint directory (a run's best/), a published "
+                                 "version WORKDIR/sync/<version> or a training checkpoint "
+                                 "WORKDIR/checkpoints/<step>.")
     _RUN_CONFIG = flags.DEFINE_string("run_config", None, "The run's rl_config.json (default: next to --model).")
     _PROMPT = flags.DEFINE_string("prompt", None, "Answer this one message and exit (prints only the answer).")
     _SYSTEM = flags.DEFINE_string("system", None, "System message (default: the run's; '' = none).")

@@ -2,6 +2,7 @@
 
   python -m jaxrl.evaluate --model runs/rloo/best            # the run's own held-out set (best/rl_config.json)
   python -m jaxrl.evaluate --model runs/rloo/sync/61          # a published policy version
+  python -m jaxrl.evaluate --model runs/rloo/checkpoints/40   # any training checkpoint the run kept
   python -m jaxrl.evaluate --model jaxrl/assets/default_policy --config=configs/rloo.py   # the starting model
   python -m jaxrl.evaluate --model runs/rloo/best --config=configs/rloo.py --config.data.num_eval_prompts=500
 
@@ -12,7 +13,7 @@ the `data.eval_fraction` share of a dataset), each generated once with
 settings, a success when its reward >= `trainer.success_threshold`. So the number for a run's
 best/ equals the "best-EMA checkpoint" number of its report.md, and the starting model's equals
 the report's "start". Without --config, the run config next to --model is used (best/rl_config.json,
-or WORKDIR/rl_config.json for WORKDIR/sync/<version>); --config.KEY=VALUE overrides apply to it
+or WORKDIR/rl_config.json for WORKDIR/sync/<version> and WORKDIR/checkpoints/<step>); --config.KEY=VALUE overrides apply to it
 (python -m jaxrl.evaluate --model runs/rloo/best --config.data.num_eval_prompts=1000).
 
 Prints the held-out success on stdout; --output writes it with every prompt, answer and reward as
@@ -47,7 +48,8 @@ def define_flags() -> None:
                                               "configs/rloo.py[:scale] (default: the run config next to --model).",
                                               lock_config=True)
     _MODEL = flags.DEFINE_string("model", None, "Policy: an HF checkpoint directory (a run's best/, the starting model) "
-                                 "or a published version WORKDIR/sync/<version>.")
+                                 "a published version WORKDIR/sync/<version> or a training checkpoint "
+                                 "WORKDIR/checkpoints/<step>.")
     _OUTPUT = flags.DEFINE_string("output", None, "Also write the result, with every prompt's answer and reward, to "
                                   "this JSON file.")
 
@@ -56,7 +58,7 @@ def evaluate_policy(model: str, c, config_source: str = "") -> dict[str, Any]:
     """Evaluates the policy at `model` on the held-out set of run config `c`.
 
     Args:
-      model: an HF checkpoint directory or a published version directory (`jaxrl.policy`).
+      model: an HF checkpoint, a published version or a training checkpoint directory (`jaxrl.policy`).
       c: the run config (a ConfigDict such as `base_config()` or a run's rl_config.json).
       config_source: where `c` came from, for the result's description.
     Returns:

@@ -6,10 +6,14 @@ A policy is one of
   `best/`, the starting model, any Qwen3 checkpoint;
 * a published policy version, `WORKDIR/sync/<version>/` (Orbax shards in the engine's dtype): the
   weights are read onto the run's starting model (`model.path`, or the embedded default policy),
-  whose tokenizer it uses.
+  whose tokenizer it uses;
+* a training checkpoint, `WORKDIR/checkpoints/<step>/` (the Orbax state the trainer resumes from;
+  its policy params are read in the dtype they were trained in, onto the starting model the same
+  way): any step the run kept, not only the exported best.
 
 The run config is the run's `rl_config.json`: `best/rl_config.json` (the export carries it), or
-`WORKDIR/rl_config.json` for a published version; `--config` / `--run_config` name another.
+`WORKDIR/rl_config.json` for a published version or a training checkpoint; `--config` /
+`--run_config` name another.
 """
 from __future__ import annotations
 
@@ -31,8 +35,58 @@ def is_sync_version(path: str) -> bool:
     return os.path.basename(os.path.normpath(path)).isdigit() and os.path.isfile(os.path.join(path, SYNC_FILE))
 
 
-MODEL_FIX = ("pass {hint} such as a run's best/ or the starting model, or a published version "
-             "WORKDIR/sync/<version>")
+MODEL_FIX = ("pass {hint} such as a run's best/ or the starting model, a published version "
+             "WORKDIR/sync/<version>, or a training checkpoint WORKDIR/checkpoints/<step>")
+
+
+def is_training_checkpoint(path: str) -> bool:
+    """True for a committed training checkpoint, `WORKDIR/checkpoints/<step>/` holding its
+    `params/` (Orbax commits a step by renaming its temporary directory to the step number)."""
+    path = os.path.abspath(path)
+    return (os.path.basename(path).isdigit() and os.path.basename(os.path.dirname(path)) == "checkpoints"
+            and os.path.isdir(os.path.join(path, "params")))
+
+
+def read_checkpoint_params(path: str) -> dict:
+    """The policy params of training checkpoint `path` (`is_training_checkpoint`): the trainer's
+    stacked tree (`jaxrl.models.qwen3`), on the default device, in the dtype they were saved in.
+
+    Raises:
+      PolicyError: the params cannot be read (names the path and the cause).
+    """
+    import logging
+
+    import jax
+    import orbax.checkpoint as ocp
+
+    from jaxrl.fileio import read_error_text
+    from jaxrl.train.checkpoint import collect_unraisable, replay_unraisable, silence_unraisable_about
+
+    item = os.path.join(os.path.abspath(path), "params")
+    absl_log = logging.getLogger("absl")
+    level = absl_log.level
+    absl_log.setLevel(logging.ERROR)  # Orbax warns that a bare item has no step metadata file
+    try:
+        # A damaged file fails one of Orbax's concurrent reads; the abandoned others would each
+        # print a traceback when collected (see collect_unraisable).
+        with collect_unraisable() as library_noise:
+            with ocp.StandardCheckpointer() as ckptr:
+                meta = ckptr.metadata(item).item_metadata
+                if meta is None:
+                    raise ValueError("its array metadata (_METADATA, _sharding) is unreadable")
+                one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+                abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one),
+                                        meta.tree, is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"))
+                params = ckptr.restore(item, abstract)
+        replay_unraisable(library_noise)
+        return params
+    except Exception as e:  # noqa: BLE001 - any failure to read is reported as one line
+        silence_unraisable_about([item + os.sep, item + "/"])
+        raise PolicyError(f"--model {path!r}: the training checkpoint's params cannot be read "
+                          f"({read_error_text(e)}). Fix: pass another step of WORKDIR/checkpoints, the run's best/ "
+                          "or a published version WORKDIR/sync/<version>") from e
+    finally:
+        absl_log.setLevel(level)
 
 
 def check_model_path(model: str) -> None:
@@ -63,7 +117,7 @@ def check_policy_dir(model: str) -> None:
     from jaxrl.fileio import HF_CHECKPOINT_HINT, hf_checkpoint_problem
 
     check_model_path(model)
-    if is_sync_version(model):
+    if is_sync_version(model) or is_training_checkpoint(model):
         return
     problem = hf_checkpoint_problem(model)
     if not problem:
@@ -74,20 +128,21 @@ def check_policy_dir(model: str) -> None:
         hint = " (a run directory: use its best/ or sync/<version>)"
     elif os.path.basename(parent) == "checkpoints" and os.path.basename(os.path.normpath(model)).isdigit():
         workdir = os.path.dirname(parent)
-        hint = (f" (a training checkpoint, Orbax state of step {os.path.basename(os.path.normpath(model))}: use the "
-                f"run's exported {os.path.join(workdir, 'best')} or a published version {os.path.join(workdir, 'sync')}"
-                "/<version>)")
+        hint = (f" (named like a training checkpoint of step {os.path.basename(os.path.normpath(model))}, but without "
+                f"its params/: not a committed jaxrl checkpoint; see {os.path.join(workdir, 'checkpoints')} for "
+                "the steps the run kept)")
     raise PolicyError(f"--model: {problem}, and it is not a published policy version (no sync.json){hint}. "
                       f"Fix: {MODEL_FIX.format(hint=HF_CHECKPOINT_HINT)}")
 
 
 def find_run_config(model: str) -> Optional[str]:
     """The `rl_config.json` that belongs to the policy at `model`, or None: `model/rl_config.json`
-    (an exported best/), or the workdir's for a published version (`WORKDIR/sync/<v>`)."""
+    (an exported best/), or the workdir's for a published version (`WORKDIR/sync/<v>`) or a
+    training checkpoint (`WORKDIR/checkpoints/<step>`)."""
     own = os.path.join(model, "rl_config.json")
     if os.path.isfile(own):
         return own
-    if is_sync_version(model):
+    if is_sync_version(model) or is_training_checkpoint(model):
         workdir = os.path.dirname(os.path.dirname(os.path.abspath(model)))
         path = os.path.join(workdir, "rl_config.json")
         return path if os.path.isfile(path) else None
@@ -143,8 +198,10 @@ def load_engine(model: str, c: ml_collections.ConfigDict, *, dtype: Optional[str
     """A JAX engine (`jaxrl.rollout.sampler.Sampler`) holding the policy at `model`.
 
     Args:
-      model: an HF checkpoint directory or a published version directory (module docstring).
-      c: the run config (its `model.path` is the starting model of a published version).
+      model: an HF checkpoint directory, a published version or a training checkpoint directory
+        (module docstring).
+      c: the run config (its `model.path` is the starting model of a published version or a
+        training checkpoint).
       dtype: compute dtype of the engine; default `c.model.compute_dtype` (the dtype the run's
         rollouts and evaluations used).
       sampler_kwargs: `max_seq_len`, `max_batch_rows`, ... for the Sampler.
@@ -152,8 +209,9 @@ def load_engine(model: str, c: ml_collections.ConfigDict, *, dtype: Optional[str
       (sampler, tokenizer_dir, description): the engine, the directory whose tokenizer and chat
       template go with it, and a short text naming what was loaded.
     Raises:
-      PolicyError: `model` does not exist, or is neither kind of directory (`check_policy_dir`),
-        or has no tokenizer.
+      PolicyError: `model` does not exist, or is none of those kinds of directory
+        (`check_policy_dir`), or has no tokenizer; a training checkpoint whose params cannot be
+        read or do not fit the starting model.
     """
     from jaxrl.envs import DEFAULT_POLICY_DIR
     from jaxrl.rollout.sampler import sampler_from_hf
@@ -166,6 +224,17 @@ def load_engine(model: str, c: ml_collections.ConfigDict, *, dtype: Optional[str
         sampler = sampler_from_hf(base, dtype=dtype, **sampler_kwargs)
         sampler.load_version(os.path.abspath(model), version)
         return sampler, base, f"policy version {version} ({model}) on {base}"
+    if is_training_checkpoint(model):
+        base = c.model.path or DEFAULT_POLICY_DIR
+        step = int(os.path.basename(os.path.normpath(model)))
+        params = read_checkpoint_params(model)
+        sampler = sampler_from_hf(base, dtype=dtype, **sampler_kwargs)
+        try:
+            sampler.set_params(params, policy_version=step)
+        except ValueError as e:
+            raise PolicyError(f"--model {model!r}: the checkpoint's params do not fit the run's starting model {base} "
+                              f"({e}). Fix: pass the run config it was trained under (--config / --run_config)") from e
+        return sampler, base, f"training checkpoint of step {step} ({model}) on {base}"
     if not any(os.path.isfile(os.path.join(model, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
         raise PolicyError(f"--model {model!r} has no tokenizer (tokenizer.json). Fix: copy the tokenizer files of the "
                           "model it was trained from into it")

@@ -92,8 +92,9 @@ def test_model_path_errors_say_what_is_wrong_and_what_a_model_is(paths, capsys, 
     for name, value in flags.items():
         monkeypatch.setattr(cmd, name, types.SimpleNamespace(value=value))
     missing = os.path.join(paths.tmp, "missing")
-    # A training checkpoint (Orbax state) of a run: evaluate asked for --config first, then said
-    # it is not an HF directory (regression; the directory's problem comes first now).
+    # A directory named like a training checkpoint but without params/: evaluate asked for
+    # --config first, then said it is not an HF directory (regression; the directory's problem
+    # comes first now).
     workdir = os.path.join(paths.tmp, f"run_{command}")
     ckpt = os.path.join(workdir, "checkpoints", "10")
     os.makedirs(os.path.join(ckpt, "state"))
@@ -111,8 +112,8 @@ def test_model_path_errors_say_what_is_wrong_and_what_a_model_is(paths, capsys, 
         assert err.startswith(f"error: {problem}"), err
         assert "Fix: pass an HF-format checkpoint directory (config.json + *.safetensors" in err, err
         if model == ckpt:
-            assert (f"(a training checkpoint, Orbax state of step 10: use the run's exported "
-                    f"{os.path.join(workdir, 'best')} or a published version") in err, err
+            assert (f"(named like a training checkpoint of step 10, but without its params/: not a committed "
+                    f"jaxrl checkpoint; see {os.path.join(workdir, 'checkpoints')}") in err, err
 
 
 def test_evaluate_output_is_checked_before_the_evaluation(paths, capsys, monkeypatch):

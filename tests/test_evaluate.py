@@ -101,6 +101,9 @@ def test_evaluate_reproduces_the_reports_numbers(run, tmp_path):
     last = max(int(v) for v in os.listdir(os.path.join(wd, "sync")) if os.path.isfile(
         os.path.join(wd, "sync", v, "sync.json")))
     assert evaluate.evaluate_policy(os.path.join(wd, "sync", str(last)), c)["success_rate"] == s["best_eval"]
+    # The best step's training checkpoint (Orbax state, float32 params) read directly.
+    assert evaluate.evaluate_policy(os.path.join(wd, "checkpoints", str(s["best_step"])), c)["success_rate"] == \
+        s["best_eval"]
     assert evaluate.evaluate_policy(DEFAULT_POLICY_DIR, c)["success_rate"] == s["initial_eval"]
 
 

@@ -122,6 +122,37 @@ def test_checkpoint_store_keeps_latest_plus_protected_and_restores_exactly(tmp_p
     store.close()
 
 
+def test_policy_reads_a_training_checkpoints_params_and_reports_damage_in_one_line(tmp_path, capsys):
+    """`jaxrl.policy` (evaluate, chat) opens WORKDIR/checkpoints/<step> directly: the params come
+    back exactly as saved, in their dtypes; a damaged file is one PolicyError line, without the
+    tracebacks of Orbax's abandoned reads."""
+    import gc
+    import shutil
+
+    from jaxrl import policy
+
+    store = CheckpointStore(str(tmp_path / "run"), max_to_keep=2, async_save=False)
+    params = {"w": jnp.arange(12.0).reshape(4, 3), "b": {"c": jnp.arange(5, dtype=jnp.bfloat16)}}
+    store.save(3, params, (jnp.zeros((), jnp.int32),), {"step": 3})
+    store.wait()
+    store.close()
+    ckpt = str(tmp_path / "run" / "checkpoints" / "3")
+    assert policy.is_training_checkpoint(ckpt) and not policy.is_training_checkpoint(str(tmp_path / "run"))
+    policy.check_policy_dir(ckpt)  # accepted
+    got = policy.read_checkpoint_params(ckpt)
+    np.testing.assert_array_equal(np.asarray(got["w"]), np.arange(12.0).reshape(4, 3))
+    assert got["b"]["c"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got["b"]["c"], np.float32), np.arange(5, dtype=np.float32))
+    shutil.rmtree(os.path.join(ckpt, "params", "d"))  # the array data
+    with pytest.raises(policy.PolicyError) as e:
+        policy.read_checkpoint_params(ckpt)
+    gc.collect()
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and msg.startswith(f"--model {ckpt!r}: the training checkpoint's params "
+                                                         "cannot be read (") and "Fix: pass another step" in msg
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_checkpoint_retention_follows_the_trainer_after_ties_and_restarts(tmp_path):
     """Regression (issue 9 §2): Orbax's own best-metric policy kept the LAST of tied EMAs while
     the trainer records the FIRST, and after a restart it had no metric for the old best and

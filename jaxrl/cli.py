@@ -61,6 +61,14 @@ def run(main: Callable, doc: str, keys_hint: bool = True, argv: Optional[Sequenc
         sys.exit(0)
     if "config" not in flags.FLAGS and recipe_spec(argv[1:]) is not None:
         usage_error(f"--config: this command has no --config recipe{no_config_hint}")
+    if "config" in flags.FLAGS and recipe_spec(argv[1:]) is not None:
+        # Before absl loads (executes) the file: a directory, a non-Python file or a Python file that
+        # is no recipe (setup.py would run its own command line).
+        from jaxrl.config import recipe_file_problem
+
+        problem = recipe_file_problem(recipe_spec(argv[1:]).partition(":")[0])
+        if problem:
+            usage_error(f"--config: {problem}")
     overrides = _overrides(argv[1:])
     if overrides and recipe_spec(argv[1:]) is None:
         if "config" in flags.FLAGS:

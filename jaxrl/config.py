@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from typing import Any, Optional
 
 import ml_collections
 
-from jaxrl.fileio import HF_CHECKPOINT_HINT, atomic_write_json, hf_checkpoint_problem
+from jaxrl.fileio import HF_CHECKPOINT_HINT, atomic_write_json, hf_checkpoint_problem, tokenizer_problem
 
 
 class ConfigError(ValueError):
@@ -527,6 +528,29 @@ def recipe_error(e: BaseException, path: str) -> Optional[ConfigError]:
     return None
 
 
+RECIPE_FIX = "Fix: pass a recipe such as configs/rloo.py (or configs/rloo.py:qwen3_8b)"
+
+
+def recipe_file_problem(path: str) -> Optional[str]:
+    """Why `path` cannot be a recipe file, checked without running it, or None: a directory, a
+    file whose name does not end in .py, or a Python file with no ``def get_config`` (a missing
+    file is reported where it is loaded)."""
+    if os.path.isdir(path):
+        return f"{path!r} is a directory, not a recipe file. {RECIPE_FIX}"
+    if not os.path.isfile(path):
+        return None
+    if not path.endswith(".py"):
+        return f"{path!r} is not a Python recipe file (.py with get_config()). {RECIPE_FIX}"
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError as e:
+        return f"recipe file {path!r} cannot be read ({e}). {RECIPE_FIX}"
+    if not re.search(r"^\s*def\s+get_config\s*\(", text, re.M):
+        return f"recipe file {path!r} defines no get_config(), so it is not a recipe. {RECIPE_FIX}"
+    return None
+
+
 def load_recipe(spec: str) -> ml_collections.ConfigDict:
     """The config of a recipe spec `path/to/recipe.py[:scale]` (what --config=... loads).
 
@@ -689,6 +713,9 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
         problem = hf_checkpoint_problem(c.model.path)
         _require(problem is None, "model.path", problem, f"point it at {HF_CHECKPOINT_HINT}, or use '' for the "
                  "embedded default policy")
+        problem = tokenizer_problem(c.model.path)
+        _require(problem is None, "model.path", problem, "copy the tokenizer files of the model it was trained from "
+                 "into it")
     # Algorithm names.
     for key, value, kind in (
         ("trainer.algorithm.advantage_estimator", a.advantage_estimator, "advantage_estimator"),

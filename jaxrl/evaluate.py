@@ -142,8 +142,7 @@ def main(argv):
     try:
         policy.check_policy_dir(model)
         if _CONFIG.value is not None:
-            c, source = _CONFIG.value, next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")),
-                                            "--config")
+            c, source = _CONFIG.value, cli.recipe_spec(sys.argv[1:]) or "--config"
         else:
             path = policy.find_run_config(model)
             if path is None:

@@ -111,21 +111,78 @@ def output_file_problem(path: str) -> Optional[str]:
     return _creatable(path, os.path.dirname(os.path.abspath(path)))
 
 
-def hf_checkpoint_problem(path: str) -> Optional[str]:
-    """Why `path` is not an HF-format checkpoint directory (`HF_CHECKPOINT_HINT`), or None.
+def _json_problem(path: str, what: str) -> Optional[str]:
+    """Why file `path` is not a JSON object (`what` names it in the message), or None."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, UnicodeDecodeError) as e:
+        return f"{path!r} cannot be read ({type(e).__name__}: {e})"
+    except json.JSONDecodeError as e:
+        return f"{path!r} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}), so {what} is damaged"
+    return None if isinstance(value, dict) else f"{path!r} holds a JSON {type(value).__name__}, not an object"
 
-    In order: it does not exist; it is a file; it has no config.json; it has no weights
-    (model.safetensors, model.safetensors.index.json or another *.safetensors file).
+
+def hf_checkpoint_problem(path: str) -> Optional[str]:
+    """Why `path` is not a usable HF-format checkpoint directory (`HF_CHECKPOINT_HINT`), or None.
+
+    In order: it does not exist; it is a file; it has no config.json; config.json is not a JSON
+    object; it has no weights (model.safetensors, model.safetensors.index.json or another
+    *.safetensors file); the index is not JSON with a weight_map, or names a file that is missing;
+    a safetensors file's header cannot be read or does not cover the file (a truncated or partly
+    copied file; checked with the safetensors library, which reads only the header).
     """
     if not os.path.exists(path):
         return f"{path!r} does not exist"
     if not os.path.isdir(path):
         return f"{path!r} is a file, not a directory"
-    if not os.path.isfile(os.path.join(path, "config.json")):
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
         return f"{path!r} has no config.json, so it is not an HF-format checkpoint directory"
-    if not any(name.endswith((".safetensors", ".safetensors.index.json")) for name in os.listdir(path)):
+    problem = _json_problem(config, "the checkpoint's config")
+    if problem:
+        return problem
+    names = os.listdir(path)
+    if not any(name.endswith((".safetensors", ".safetensors.index.json")) for name in names):
         return f"{path!r} has a config.json but no *.safetensors weights"
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        problem = _json_problem(index, "the weight index")
+        if problem:
+            return problem
+        with open(index, encoding="utf-8") as f:
+            weight_map = json.load(f).get("weight_map")
+        if not isinstance(weight_map, dict):
+            return f"{index!r} has no weight_map object"
+        files = sorted(set(map(str, weight_map.values())))
+        missing = [fn for fn in files if not os.path.isfile(os.path.join(path, fn))]
+        if missing:
+            return f"{index!r} names weight files that are missing: {missing}"
+    else:
+        files = sorted(name for name in names if name.endswith(".safetensors"))
+    from safetensors import safe_open
+
+    for fn in files:
+        try:
+            with safe_open(os.path.join(path, fn), framework="numpy"):
+                pass
+        except Exception as e:  # noqa: BLE001 - the library's own error types (SafetensorError, OSError)
+            return f"{os.path.join(path, fn)!r} is not a readable safetensors file ({' '.join(str(e).split())})"
     return None
+
+
+def tokenizer_problem(path: str) -> Optional[str]:
+    """Why directory `path` holds no tokenizer files transformers can build a tokenizer from, or
+    None: it needs tokenizer.json (a fast tokenizer), or vocab.json + merges.txt (Qwen's BPE files),
+    or tokenizer.model (SentencePiece). A directory with tokenizer_config.json alone would load
+    as a tokenizer that encodes text to nothing."""
+    def has(name):
+        return os.path.isfile(os.path.join(path, name))
+
+    if has("tokenizer.json") or (has("vocab.json") and has("merges.txt")) or has("tokenizer.model"):
+        return None
+    return (f"{path!r} has no tokenizer files (tokenizer.json, or vocab.json + merges.txt); without them text "
+            "would be encoded to nothing")
 
 
 _TENSORSTORE_SPEC = re.compile(r"\s*\[tensorstore_spec(\[\d+\])?='.*?'\]", re.S)

@@ -73,7 +73,8 @@ def read_checkpoint_params(path: str) -> dict:
             with ocp.StandardCheckpointer() as ckptr:
                 meta = ckptr.metadata(item).item_metadata
                 if meta is None:
-                    raise ValueError("its array metadata (_METADATA, _sharding) is unreadable")
+                    raise ValueError("its Orbax metadata cannot be read (params/_METADATA, _sharding or "
+                                     "manifest.ocdbt is damaged or missing)")
                 one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
                 abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one),
                                         meta.tree, is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"))
@@ -99,7 +100,8 @@ def check_model_path(model: str) -> None:
     from jaxrl.fileio import HF_CHECKPOINT_HINT
 
     if not os.path.exists(model):
-        raise PolicyError(f"--model {model!r} does not exist. Fix: {MODEL_FIX.format(hint=HF_CHECKPOINT_HINT)}")
+        raise PolicyError(f"--model {model!r} does not exist{_run_hint(model)}. Fix: "
+                          f"{MODEL_FIX.format(hint=HF_CHECKPOINT_HINT)}")
     if not os.path.isdir(model):
         raise PolicyError(f"--model {model!r} is a file, not a directory. Fix: "
                           f"{MODEL_FIX.format(hint=HF_CHECKPOINT_HINT)}")
@@ -122,17 +124,50 @@ def check_policy_dir(model: str) -> None:
     problem = hf_checkpoint_problem(model)
     if not problem:
         return
-    hint = ""
-    parent = os.path.dirname(os.path.abspath(model))
-    if os.path.isfile(os.path.join(model, "rl_config.json")):
-        hint = " (a run directory: use its best/ or sync/<version>)"
-    elif os.path.basename(parent) == "checkpoints" and os.path.basename(os.path.normpath(model)).isdigit():
-        workdir = os.path.dirname(parent)
-        hint = (f" (named like a training checkpoint of step {os.path.basename(os.path.normpath(model))}, but without "
-                f"its params/: not a committed jaxrl checkpoint; see {os.path.join(workdir, 'checkpoints')} for "
-                "the steps the run kept)")
-    raise PolicyError(f"--model: {problem}, and it is not a published policy version (no sync.json){hint}. "
-                      f"Fix: {MODEL_FIX.format(hint=HF_CHECKPOINT_HINT)}")
+    if os.path.isfile(os.path.join(model, "config.json")):  # an HF checkpoint with a damaged or missing file
+        raise PolicyError(f"--model: {problem}. Fix: restore the checkpoint's files (copy or export it again), or "
+                          f"{MODEL_FIX.format(hint='another checkpoint')}")
+    raise PolicyError(f"--model: {problem}, and it is not a published policy version (no sync.json)"
+                      f"{_run_hint(model)}. Fix: {MODEL_FIX.format(hint=HF_CHECKPOINT_HINT)}")
+
+
+def _kept(directory: str, kind: str) -> str:
+    """The steps (kind "checkpoints") or versions ("sync") a run directory holds, as a short list."""
+    is_entry = is_training_checkpoint if kind == "checkpoints" else is_sync_version
+    try:
+        found = sorted(int(n) for n in os.listdir(directory) if n.isdigit() and is_entry(os.path.join(directory, n)))
+    except OSError:
+        found = []
+    if not found:
+        return f"{directory} holds none"
+    shown = ", ".join(map(str, found[:12])) + (", ..." if len(found) > 12 else "")
+    return f"{'steps' if kind == 'checkpoints' else 'versions'} on disk: {shown}"
+
+
+def _run_hint(model: str) -> str:
+    """A parenthesised hint when `model` is, or names something inside, a run directory: what it
+    is (the run itself, its checkpoints/ or sync/ folder, a checkpoint set aside as damaged, an
+    unfinished write) and which steps or versions the run holds; "" otherwise."""
+    path = os.path.abspath(model)
+    name, parent = os.path.basename(path), os.path.dirname(path)
+    if os.path.isfile(os.path.join(path, "rl_config.json")) and not os.path.isfile(os.path.join(path, "config.json")):
+        return " (a run directory: use its best/, sync/<version> or checkpoints/<step>)"
+    for kind in ("checkpoints", "sync"):
+        if name == kind and os.path.isdir(path):
+            return f" (a run's {kind}/ folder: pass one of its entries; {_kept(path, kind)})"
+        if os.path.basename(parent) == kind and os.path.isdir(parent):
+            if ".orbax-checkpoint-tmp" in name:
+                return f" (an unfinished checkpoint write, never committed; {_kept(parent, kind)})"
+            if name.isdigit():
+                what = "a training checkpoint" if kind == "checkpoints" else "a published version"
+                state = "does not exist" if not os.path.exists(path) else (
+                    "has no params/: not a committed jaxrl checkpoint" if kind == "checkpoints" else "has no sync.json")
+                return f" ({what} {name} that {state}; {_kept(parent, kind)})"
+    if os.path.basename(parent) == "checkpoints_damaged":
+        kept = os.path.join(os.path.dirname(parent), "checkpoints")
+        return (f" (a checkpoint the trainer set aside as damaged when it resumed; {_kept(kept, 'checkpoints')} in "
+                f"{kept})")
+    return ""
 
 
 def find_run_config(model: str) -> Optional[str]:
@@ -214,6 +249,7 @@ def load_engine(model: str, c: ml_collections.ConfigDict, *, dtype: Optional[str
         read or do not fit the starting model.
     """
     from jaxrl.envs import DEFAULT_POLICY_DIR
+    from jaxrl.fileio import tokenizer_problem
     from jaxrl.rollout.sampler import sampler_from_hf
 
     dtype = dtype or c.model.compute_dtype
@@ -222,7 +258,7 @@ def load_engine(model: str, c: ml_collections.ConfigDict, *, dtype: Optional[str
         base = c.model.path or DEFAULT_POLICY_DIR
         version = int(os.path.basename(os.path.normpath(model)))
         sampler = sampler_from_hf(base, dtype=dtype, **sampler_kwargs)
-        sampler.load_version(os.path.abspath(model), version)
+        _load_version(sampler, model, version)
         return sampler, base, f"policy version {version} ({model}) on {base}"
     if is_training_checkpoint(model):
         base = c.model.path or DEFAULT_POLICY_DIR
@@ -235,10 +271,28 @@ def load_engine(model: str, c: ml_collections.ConfigDict, *, dtype: Optional[str
             raise PolicyError(f"--model {model!r}: the checkpoint's params do not fit the run's starting model {base} "
                               f"({e}). Fix: pass the run config it was trained under (--config / --run_config)") from e
         return sampler, base, f"training checkpoint of step {step} ({model}) on {base}"
-    if not any(os.path.isfile(os.path.join(model, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
-        raise PolicyError(f"--model {model!r} has no tokenizer (tokenizer.json). Fix: copy the tokenizer files of the "
-                          "model it was trained from into it")
+    problem = tokenizer_problem(model)
+    if problem:
+        raise PolicyError(f"--model: {problem}. Fix: copy the tokenizer files of the model it was trained from into it")
     return sampler_from_hf(model, dtype=dtype, **sampler_kwargs), model, f"HF checkpoint {model}"
+
+
+def _load_version(sampler, model: str, version: int) -> None:
+    """`sampler.load_version` of published version directory `model`, its failures (a damaged or
+    incomplete version) as one PolicyError line without Orbax's abandoned-read tracebacks."""
+    from jaxrl.fileio import read_error_text
+    from jaxrl.train.checkpoint import collect_unraisable, replay_unraisable, silence_unraisable_about
+
+    path = os.path.abspath(model)
+    try:
+        with collect_unraisable() as library_noise:
+            sampler.load_version(path, version)
+        replay_unraisable(library_noise)
+    except Exception as e:  # noqa: BLE001 - any failure to read is reported as one line
+        silence_unraisable_about([path + os.sep])
+        raise PolicyError(f"--model {model!r}: published version {version} cannot be read ({read_error_text(e)}). "
+                          "Fix: pass another version of WORKDIR/sync, a training checkpoint WORKDIR/checkpoints/<step> "
+                          "or the run's best/") from e
 
 
 def training_chat_template(tokenizer_dir: str, enable_thinking: bool):

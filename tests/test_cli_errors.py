@@ -110,10 +110,31 @@ def test_model_path_errors_say_what_is_wrong_and_what_a_model_is(paths, capsys, 
         err = capsys.readouterr().err
         assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
         assert err.startswith(f"error: {problem}"), err
-        assert "Fix: pass an HF-format checkpoint directory (config.json + *.safetensors" in err, err
+        if model == paths.no_weights:  # an HF checkpoint missing a file
+            assert "Fix: restore the checkpoint's files (copy or export it again), or pass another checkpoint" in err
+        else:
+            assert "Fix: pass an HF-format checkpoint directory (config.json + *.safetensors" in err, err
         if model == ckpt:
-            assert (f"(named like a training checkpoint of step 10, but without its params/: not a committed "
-                    f"jaxrl checkpoint; see {os.path.join(workdir, 'checkpoints')}") in err, err
+            assert (f"(a training checkpoint 10 that has no params/: not a committed jaxrl checkpoint; "
+                    f"{os.path.join(workdir, 'checkpoints')} holds none)") in err, err
+
+
+def test_recipe_files_are_checked_before_they_run(tmp_path):
+    """Regression (fresh-user review): `--config=setup.py` ran setup.py (setuptools' usage), a
+    directory was said not to exist, and a .py without get_config() named neither file nor fix."""
+    from jaxrl.config import recipe_file_problem
+
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "helper.py").write_text("def get_configuration():\n    return 1\n")
+    fix = "Fix: pass a recipe such as configs/rloo.py"
+    for path, problem in ((str(tmp_path), "is a directory, not a recipe file"),
+                          (str(tmp_path / "notes.txt"), "is not a Python recipe file (.py with get_config())"),
+                          (str(tmp_path / "helper.py"), "defines no get_config(), so it is not a recipe")):
+        assert f"{path!r} {problem}" in recipe_file_problem(path) and fix in recipe_file_problem(path)
+    for recipe in os.listdir(os.path.join(ROOT, "configs")):
+        assert recipe_file_problem(os.path.join(ROOT, "configs", recipe)) is None, recipe
+    assert recipe_file_problem(str(tmp_path / "missing.py")) is None  # reported where it is loaded
+    # tests/test_config_cli.py runs `jaxrl.main --config=<a setup.py>` and checks it is not executed.
 
 
 def test_evaluate_output_is_checked_before_the_evaluation(paths, capsys, monkeypatch):

@@ -92,6 +92,44 @@ def test_8b_scale_requires_a_checkpoint_path():
     assert "Qwen3-8B" in str(e.value)
 
 
+def test_model_path_with_damaged_files_is_refused_up_front(tmp_path):
+    """Regression (fresh-user review): a truncated model.safetensors or config.json that is not
+    JSON reached the loaders (a traceback), and a folder without tokenizer.json trained on prompts
+    encoded to nothing (0% success, no error). Each is now one ConfigError naming model.path."""
+    ckpt = tmp_path / "policy"
+    shutil.copytree(DEFAULT_POLICY_DIR, ckpt)
+    c = rloo.get_config()
+    c.model.path = str(ckpt)
+    validate(c)  # the intact copy passes
+    cases = []
+    (ckpt / "tokenizer.json").rename(tmp_path / "tokenizer.json")
+    cases.append(("has no tokenizer files (tokenizer.json, or vocab.json + merges.txt)", "copy the tokenizer files"))
+    with pytest.raises(ConfigError) as e:
+        validate(c)
+    (tmp_path / "tokenizer.json").rename(ckpt / "tokenizer.json")
+    errors = [e.value]
+    weights = ckpt / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:5000])
+    cases.append((f"{str(weights)!r} is not a readable safetensors file (", "point it at"))
+    with pytest.raises(ConfigError) as e:
+        validate(c)
+    weights.write_bytes(data)
+    errors.append(e.value)
+    config = ckpt / "config.json"
+    text = config.read_text()
+    config.write_text('{"bad":\n')
+    cases.append((f"{str(config)!r} is not valid JSON (Expecting value at line 2, column 1)", "point it at"))
+    with pytest.raises(ConfigError) as e:
+        validate(c)
+    config.write_text(text)
+    errors.append(e.value)
+    for err, (problem, fix) in zip(errors, cases):
+        assert err.key == "model.path" and problem in str(err) and fix in str(err), str(err)
+        assert len(str(err).splitlines()) == 1, str(err)
+    validate(c)  # restored
+
+
 def test_trainer_rejects_bad_config_before_writing_anything(tmp_path):
     ckpt = str(tmp_path / "policy")
     make_tiny_hf_checkpoint(ckpt)  # 4 query heads, 2 KV heads

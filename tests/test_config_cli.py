@@ -292,3 +292,15 @@ def test_every_command_module_imports_into_one_process_and_keeps_its_help():
                              ("jaxrl.evaluate", "--model"), ("jaxrl.chat", "--max_new_tokens")]:
         r = _run(module, "--help")
         assert r.returncode == 0 and own_flag in r.stdout, (module, r.stdout[-1000:], r.stderr[-1000:])
+
+
+def test_a_python_file_that_is_no_recipe_is_not_run(tmp_path):
+    """Regression (fresh-user review): `--config=setup.py` executed setup.py (setuptools printed its
+    usage). The file is now checked for get_config() before absl loads it: one line, exit 2."""
+    marker = tmp_path / "ran"
+    setup = tmp_path / "setup.py"
+    setup.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    out = _run("jaxrl.main", f"--config={setup}")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert f"--config: recipe file {str(setup)!r} defines no get_config(), so it is not a recipe" in out.stderr
+    assert not marker.exists()

@@ -117,6 +117,10 @@ def test_evaluate_overrides_apply_to_the_run_config_next_to_the_model(run, tmp_p
     assert (f"on the held-out set of {wd}/best/rl_config.json with --config.data.num_eval_prompts=4: 4 prompts "
             "of 10% of data.dataset_path") in out.stdout, out.stdout
     assert json.load(open(tmp_path / "four.json"))["num_prompts"] == 4
+    # A recipe given as `--config RECIPE` (a space, not "=") is named in the header (it said "--config").
+    out = _run("jaxrl.evaluate", f"--model={wd}/best", "--config", "configs/rloo.py", "--config.data.num_eval_prompts=2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "on the held-out set of configs/rloo.py: 2 prompts" in out.stdout, out.stdout
     bad = _run("jaxrl.evaluate", f"--model={wd}/best", "--config.data.num_eval_promts=4", timeout=120)
     assert bad.returncode == 2 and bad.stderr == (
         "error: unknown config key `data.num_eval_promts` (in --config.data.num_eval_promts=4); did you mean "
@@ -133,6 +137,60 @@ def test_exported_best_prompts_like_training_in_transformers(run):
     assert list(got["input_ids"] if hasattr(got, "keys") else got) == want
     gen = GenerationConfig.from_pretrained(os.path.join(run["wd"], "best"))
     assert gen.do_sample is False and gen.max_new_tokens == 16
+
+
+def test_damaged_or_misnamed_policies_are_one_line_errors(run, tmp_path, capsys):
+    """Regression (fresh-user review): a damaged published version was a 147-line Orbax
+    traceback, a best/ without tokenizer.json evaluated to 0% without an error, and paths inside
+    a run (its checkpoints/ folder, a step it did not keep, the run itself) got no hint of what
+    the run holds."""
+    import gc
+    import shutil
+
+    from jaxrl import policy
+
+    wd = run["wd"]
+    c = policy.read_run_config(os.path.join(wd, "rl_config.json"))
+    versions = sorted(int(v) for v in os.listdir(os.path.join(wd, "sync")) if v.isdigit())
+    steps = sorted(int(s) for s in os.listdir(os.path.join(wd, "checkpoints")) if s.isdigit())
+    # A copy of the run with a damaged published version (one data file truncated) and one without params/.
+    copy = tmp_path / "run"
+    os.makedirs(copy / "sync")
+    shutil.copy(os.path.join(wd, "rl_config.json"), copy)
+    v = versions[-1]
+    shutil.copytree(os.path.join(wd, "sync", str(v)), copy / "sync" / str(v))
+    data = max((p for p in (copy / "sync" / str(v) / "params").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data.write_bytes(data.read_bytes()[:1000])
+    shutil.copytree(copy / "sync" / str(v), copy / "sync" / str(v + 1))
+    shutil.rmtree(copy / "sync" / str(v + 1) / "params")
+    for version in (v, v + 1):
+        model = str(copy / "sync" / str(version))
+        with pytest.raises(policy.PolicyError) as e:
+            policy.load_engine(model, c)
+        gc.collect()
+        msg = str(e.value)
+        assert len(msg.splitlines()) == 1 and msg.startswith(f"--model {model!r}: published version {version} cannot "
+                                                             "be read ("), msg
+        assert "Fix: pass another version of WORKDIR/sync" in msg
+        assert "Traceback" not in capsys.readouterr().err
+    # best/ without tokenizer.json (tokenizer_config.json alone encodes text to nothing).
+    best = tmp_path / "best"
+    shutil.copytree(os.path.join(wd, "best"), best)
+    os.remove(best / "tokenizer.json")
+    with pytest.raises(policy.PolicyError, match=r"has no tokenizer files \(tokenizer.json, or vocab.json \+ "
+                                                 r"merges.txt\).*Fix: copy the tokenizer files"):
+        policy.load_engine(str(best), c)
+    # Paths inside a run say what the run holds.
+    on_disk = "steps on disk: " + ", ".join(map(str, steps))
+    for model, hint in (
+            (wd, "(a run directory: use its best/, sync/<version> or checkpoints/<step>)"),
+            (os.path.join(wd, "checkpoints"), f"(a run's checkpoints/ folder: pass one of its entries; {on_disk})"),
+            (os.path.join(wd, "checkpoints", "999"), f"(a training checkpoint 999 that does not exist; {on_disk})"),
+            (os.path.join(wd, "sync"), "(a run's sync/ folder: pass one of its entries; versions on disk: " +
+             ", ".join(map(str, versions)) + ")")):
+        with pytest.raises(policy.PolicyError) as e:
+            policy.check_policy_dir(model)
+        assert hint in str(e.value) and len(str(e.value).splitlines()) == 1, str(e.value)
 
 
 def test_evaluate_errors_are_one_line(tmp_path):

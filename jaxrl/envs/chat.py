@@ -67,10 +67,15 @@ def load_tokenizer(path: str):
         `DEFAULT_POLICY_DIR`).
     Raises:
       FileNotFoundError: `path` is not a directory.
-      ValueError: the tokenizer has no chat template.
+      ValueError: no tokenizer files (`jaxrl.fileio.tokenizer_problem`), or no chat template.
     """
+    from jaxrl.fileio import tokenizer_problem
+
     if not os.path.isdir(path):
         raise FileNotFoundError(f"tokenizer directory {path!r} does not exist")
+    problem = tokenizer_problem(path)
+    if problem:
+        raise ValueError(f"{problem}. Fix: copy the tokenizer files of the model it was trained from into it")
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -168,7 +168,12 @@ class Qwen3Config:
         """Reads ``path/config.json`` (or ``path`` itself if it is a file); see :meth:`from_hf_dict`."""
         fn = os.path.join(path, "config.json") if os.path.isdir(path) else path
         with open(fn) as f:
-            return cls.from_hf_dict(json.load(f), **runtime)
+            try:
+                d = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{fn}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}). Fix: restore "
+                                 "the checkpoint's config.json") from None
+        return cls.from_hf_dict(d, **runtime)
 
     def to_hf_dict(self, torch_dtype: str = "bfloat16") -> dict:
         """An HF config.json dict for ``Qwen3ForCausalLM`` (v4-style keys, which v5 also reads)."""

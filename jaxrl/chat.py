@@ -3,7 +3,7 @@
   python -m jaxrl.chat --model runs/rloo/best                          # interactive
   python -m jaxrl.chat --model runs/rloo/best --prompt "What is 37 + 48?"   # one answer, for scripts
   python -m jaxrl.chat --model runs/rloo/sync/60                       # a published policy version
-  python -m jaxrl.chat --model runs/rloo/checkpoints/40                # a training checkpoint
+  python -m jaxrl.chat --model runs/rloo/checkpoints/60                # a training checkpoint
   python -m jaxrl.chat --model /ckpt/Qwen3-8B --run_config runs/r1/rl_config.json
 
 The prompt format comes from the run's rl_config.json (best/rl_config.json, or WORKDIR's for a

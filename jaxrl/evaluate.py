@@ -2,7 +2,7 @@
 
   python -m jaxrl.evaluate --model runs/rloo/best            # the run's own held-out set (best/rl_config.json)
   python -m jaxrl.evaluate --model runs/rloo/sync/61          # a published policy version
-  python -m jaxrl.evaluate --model runs/rloo/checkpoints/40   # any training checkpoint the run kept
+  python -m jaxrl.evaluate --model runs/rloo/checkpoints/60   # any training checkpoint the run kept
   python -m jaxrl.evaluate --model jaxrl/assets/default_policy --config=configs/rloo.py   # the starting model
   python -m jaxrl.evaluate --model runs/rloo/best --config=configs/rloo.py --config.data.num_eval_prompts=500
 

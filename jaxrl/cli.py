@@ -59,18 +59,19 @@ def run(main: Callable, doc: str, keys_hint: bool = True, argv: Optional[Sequenc
     if any(a in HELPFULL_FLAGS for a in argv[1:]):
         sys.stdout.write(help_text(doc, keys_hint) + "\nall flags:\n" + flags.FLAGS.get_help() + "\n")
         sys.exit(0)
-    if "config" not in flags.FLAGS and recipe_spec(argv[1:]) is not None:
+    spec = recipe_spec(argv[1:])
+    if "config" not in flags.FLAGS and spec is not None:
         usage_error(f"--config: this command has no --config recipe{no_config_hint}")
-    if "config" in flags.FLAGS and recipe_spec(argv[1:]) is not None:
+    if spec is not None:
         # Before absl loads (executes) the file: a directory, a non-Python file or a Python file that
         # is no recipe (setup.py would run its own command line).
         from jaxrl.config import recipe_file_problem
 
-        problem = recipe_file_problem(recipe_spec(argv[1:]).partition(":")[0])
+        problem = recipe_file_problem(spec.partition(":")[0])
         if problem:
             usage_error(f"--config: {problem}")
     overrides = _overrides(argv[1:])
-    if overrides and recipe_spec(argv[1:]) is None:
+    if overrides and spec is None:
         if "config" in flags.FLAGS:
             usage_error(missing_recipe_message(overrides[0][0]))
         usage_error(f"{overrides[0][0]}: this command has no --config recipe, so it takes no --config.KEY "
@@ -101,8 +102,7 @@ def recipe_load_error(e: OSError, flag: str = "config") -> None:
     path = spec.partition(":")[0] if spec else None
     error = config_lib.recipe_error(e, path) if path else None
     if error is None and path and not os.path.isfile(path):
-        error = (f"--{flag}: recipe file {path!r} does not exist, so it could not be loaded. Fix: pass a recipe "
-                 "such as configs/rloo.py (or configs/rloo.py:qwen3_8b)")
+        error = f"--{flag}: recipe file {path!r} does not exist, so it could not be loaded. {config_lib.RECIPE_FIX}"
     print(f"error: {error or str(e).splitlines()[-1].strip() + ': the --config recipe file could not be loaded'}",
           file=sys.stderr)
     sys.exit(2)

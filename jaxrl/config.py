@@ -562,20 +562,16 @@ def load_recipe(spec: str) -> ml_collections.ConfigDict:
     import importlib.util
 
     path, sep, arg = spec.partition(":")
-    if not os.path.isfile(path):
-        raise ConfigError(f"recipe file {path!r} does not exist. Fix: pass a recipe such as configs/rloo.py "
-                          "(or configs/rloo.py:qwen3_8b)")
+    if not os.path.exists(path):
+        raise ConfigError(f"recipe file {path!r} does not exist. {RECIPE_FIX}")
+    problem = recipe_file_problem(path)
+    if problem:
+        raise ConfigError(problem)
     name = "jaxrl_recipe_" + os.path.splitext(os.path.basename(path))[0]
     module_spec = importlib.util.spec_from_file_location(name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise ConfigError(f"{path!r} is not a Python recipe file. Fix: pass a .py file with get_config(), such as "
-                          "configs/rloo.py")
     module = importlib.util.module_from_spec(module_spec)
     try:
         module_spec.loader.exec_module(module)
-        if not hasattr(module, "get_config"):
-            raise ConfigError(f"recipe file {path!r} defines no get_config(). Fix: pass a recipe such as "
-                              "configs/rloo.py")
         return module.get_config(arg) if sep else module.get_config()
     except ConfigError:
         raise

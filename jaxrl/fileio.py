@@ -111,16 +111,19 @@ def output_file_problem(path: str) -> Optional[str]:
     return _creatable(path, os.path.dirname(os.path.abspath(path)))
 
 
-def _json_problem(path: str, what: str) -> Optional[str]:
-    """Why file `path` is not a JSON object (`what` names it in the message), or None."""
+def _json_object(path: str, what: str) -> tuple[Optional[dict], Optional[str]]:
+    """``(the JSON object in file path, None)``, or ``(None, why it is not one)`` (`what` names the
+    file's role in the message)."""
     try:
         with open(path, encoding="utf-8") as f:
             value = json.load(f)
     except (OSError, UnicodeDecodeError) as e:
-        return f"{path!r} cannot be read ({type(e).__name__}: {e})"
+        return None, f"{path!r} cannot be read ({type(e).__name__}: {e})"
     except json.JSONDecodeError as e:
-        return f"{path!r} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}), so {what} is damaged"
-    return None if isinstance(value, dict) else f"{path!r} holds a JSON {type(value).__name__}, not an object"
+        return None, f"{path!r} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}), so {what} is damaged"
+    if not isinstance(value, dict):
+        return None, f"{path!r} holds a JSON {type(value).__name__}, not an object"
+    return value, None
 
 
 def hf_checkpoint_problem(path: str) -> Optional[str]:
@@ -139,7 +142,7 @@ def hf_checkpoint_problem(path: str) -> Optional[str]:
     config = os.path.join(path, "config.json")
     if not os.path.isfile(config):
         return f"{path!r} has no config.json, so it is not an HF-format checkpoint directory"
-    problem = _json_problem(config, "the checkpoint's config")
+    _, problem = _json_object(config, "the checkpoint's config")
     if problem:
         return problem
     names = os.listdir(path)
@@ -147,11 +150,10 @@ def hf_checkpoint_problem(path: str) -> Optional[str]:
         return f"{path!r} has a config.json but no *.safetensors weights"
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
-        problem = _json_problem(index, "the weight index")
+        value, problem = _json_object(index, "the weight index")
         if problem:
             return problem
-        with open(index, encoding="utf-8") as f:
-            weight_map = json.load(f).get("weight_map")
+        weight_map = value.get("weight_map")
         if not isinstance(weight_map, dict):
             return f"{index!r} has no weight_map object"
         files = sorted(set(map(str, weight_map.values())))

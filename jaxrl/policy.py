@@ -60,29 +60,23 @@ def read_checkpoint_params(path: str) -> dict:
     import orbax.checkpoint as ocp
 
     from jaxrl.fileio import read_error_text
-    from jaxrl.train.checkpoint import collect_unraisable, replay_unraisable, silence_unraisable_about
+    from jaxrl.train.checkpoint import quiet_read
 
     item = os.path.join(os.path.abspath(path), "params")
     absl_log = logging.getLogger("absl")
     level = absl_log.level
     absl_log.setLevel(logging.ERROR)  # Orbax warns that a bare item has no step metadata file
     try:
-        # A damaged file fails one of Orbax's concurrent reads; the abandoned others would each
-        # print a traceback when collected (see collect_unraisable).
-        with collect_unraisable() as library_noise:
-            with ocp.StandardCheckpointer() as ckptr:
-                meta = ckptr.metadata(item).item_metadata
-                if meta is None:
-                    raise ValueError("its Orbax metadata cannot be read (params/_METADATA, _sharding or "
-                                     "manifest.ocdbt is damaged or missing)")
-                one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-                abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one),
-                                        meta.tree, is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"))
-                params = ckptr.restore(item, abstract)
-        replay_unraisable(library_noise)
-        return params
+        with quiet_read(item), ocp.StandardCheckpointer() as ckptr:
+            meta = ckptr.metadata(item).item_metadata
+            if meta is None:
+                raise ValueError("its Orbax metadata cannot be read (params/_METADATA, _sharding or "
+                                 "manifest.ocdbt is damaged or missing)")
+            one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one),
+                                    meta.tree, is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"))
+            return ckptr.restore(item, abstract)
     except Exception as e:  # noqa: BLE001 - any failure to read is reported as one line
-        silence_unraisable_about([item + os.sep, item + "/"])
         raise PolicyError(f"--model {path!r}: the training checkpoint's params cannot be read "
                           f"({read_error_text(e)}). Fix: pass another step of WORKDIR/checkpoints, the run's best/ "
                           "or a published version WORKDIR/sync/<version>") from e
@@ -254,23 +248,21 @@ def load_engine(model: str, c: ml_collections.ConfigDict, *, dtype: Optional[str
 
     dtype = dtype or c.model.compute_dtype
     check_policy_dir(model)
+    base = c.model.path or DEFAULT_POLICY_DIR  # the starting model, under Orbax weights of the run
+    number = os.path.basename(os.path.normpath(model))
     if is_sync_version(model):
-        base = c.model.path or DEFAULT_POLICY_DIR
-        version = int(os.path.basename(os.path.normpath(model)))
         sampler = sampler_from_hf(base, dtype=dtype, **sampler_kwargs)
-        _load_version(sampler, model, version)
-        return sampler, base, f"policy version {version} ({model}) on {base}"
+        _load_version(sampler, model, int(number))
+        return sampler, base, f"policy version {number} ({model}) on {base}"
     if is_training_checkpoint(model):
-        base = c.model.path or DEFAULT_POLICY_DIR
-        step = int(os.path.basename(os.path.normpath(model)))
         params = read_checkpoint_params(model)
         sampler = sampler_from_hf(base, dtype=dtype, **sampler_kwargs)
         try:
-            sampler.set_params(params, policy_version=step)
+            sampler.set_params(params, policy_version=int(number))
         except ValueError as e:
             raise PolicyError(f"--model {model!r}: the checkpoint's params do not fit the run's starting model {base} "
                               f"({e}). Fix: pass the run config it was trained under (--config / --run_config)") from e
-        return sampler, base, f"training checkpoint of step {step} ({model}) on {base}"
+        return sampler, base, f"training checkpoint of step {number} ({model}) on {base}"
     problem = tokenizer_problem(model)
     if problem:
         raise PolicyError(f"--model: {problem}. Fix: copy the tokenizer files of the model it was trained from into it")
@@ -281,15 +273,12 @@ def _load_version(sampler, model: str, version: int) -> None:
     """`sampler.load_version` of published version directory `model`, its failures (a damaged or
     incomplete version) as one PolicyError line without Orbax's abandoned-read tracebacks."""
     from jaxrl.fileio import read_error_text
-    from jaxrl.train.checkpoint import collect_unraisable, replay_unraisable, silence_unraisable_about
+    from jaxrl.train.checkpoint import quiet_read
 
-    path = os.path.abspath(model)
     try:
-        with collect_unraisable() as library_noise:
-            sampler.load_version(path, version)
-        replay_unraisable(library_noise)
+        with quiet_read(model):
+            sampler.load_version(os.path.abspath(model), version)
     except Exception as e:  # noqa: BLE001 - any failure to read is reported as one line
-        silence_unraisable_about([path + os.sep])
         raise PolicyError(f"--model {model!r}: published version {version} cannot be read ({read_error_text(e)}). "
                           "Fix: pass another version of WORKDIR/sync, a training checkpoint WORKDIR/checkpoints/<step> "
                           "or the run's best/") from e

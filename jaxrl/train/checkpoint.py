@@ -238,6 +238,21 @@ def silence_unraisable_about(paths: Iterable[str]) -> None:
     sys.unraisablehook = hook
 
 
+@contextlib.contextmanager
+def quiet_read(path: str):
+    """A single-process read of the files under `path` (a checkpoint or published version) whose
+    failure the caller reports in one line: Orbax's abandoned concurrent reads are collected
+    (`collect_unraisable`) and, when the block raises, silenced for good (`silence_unraisable_about`),
+    else replayed as Python would print them."""
+    try:
+        with collect_unraisable() as library_noise:
+            yield
+    except BaseException:
+        silence_unraisable_about([os.path.join(os.path.abspath(path), "")])
+        raise
+    replay_unraisable(library_noise)
+
+
 def is_damage_error(e: BaseException) -> bool:
     """True for an exception that means "this checkpoint cannot be read" (a truncated or corrupt
     file), False for the ones that say nothing about the files: out of memory, interrupts."""

@@ -68,13 +68,15 @@ def read_bandwidth(nbytes: int, repeats: int) -> float:
 
 
 def step_weight_bytes(ep, cfg) -> int:
-    """Bytes of the engine weights `ep` a decode step reads: all, less the embedding table of an
-    untied model (a step gathers one row of it per batch row; a tied model's table is the head)."""
+    """Bytes of the engine weights `ep` a decode step reads: all, less the embedding table when the
+    head is another array (a step gathers one row of the table per batch row; a tied model's
+    table is the head, except in the "panels" layout, which holds the head as ``head_p``)."""
     import jax
 
     total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(ep))
     table = ep["embed_tokens"]
-    return total - (0 if cfg.tie_word_embeddings else table.size * table.dtype.itemsize)
+    head_is_table = cfg.tie_word_embeddings and "head_p" not in ep
+    return total - (0 if head_is_table else table.size * table.dtype.itemsize)
 
 
 def copy_bandwidth(nbytes: int, repeats: int) -> float:
@@ -97,6 +99,8 @@ def main(argv=None):
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--steps", type=int, default=32, help="decode steps per timed loop")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--layout", default=None, choices=["in_out", "out_in", "panels"],
+                   help="the engine's weight layout (default: qwen3.engine_layout's choice)")
     p.add_argument("--bandwidth", type=float, default=None, help="nominal bytes/s for a second floor (H200: 4.3e12)")
     p.add_argument("--copy-mb", type=int, default=None,  # the read and copy tests' array
                    help="array size of the bandwidth test (default 256 CPU, 2048 GPU)")
@@ -121,9 +125,10 @@ def main(argv=None):
 
     params = qwen3.init_params(cfg, 0)
     smp = Sampler(params, cfg, max_seq_len=P + N, batch_buckets=(B,), prompt_buckets=(P,), new_token_buckets=(N,),
-                  eos_token_ids=())
+                  eos_token_ids=(), layout=args.layout)
     del params
     ep = smp.params
+    print(f"weight layout {smp.layout}")
 
     # -- the floor ------------------------------------------------------------------------
     itemsize = jnp.dtype(cfg.compute_dtype).itemsize

@@ -51,7 +51,7 @@ def bench_generation(args, ckpt: str, hf_model) -> tuple[float, float]:
     # One new-token bucket (the one max_tokens = N uses anyway), so that step_report's
     # max_tokens = N / 2 call runs the same program.
     sampler = sampler_from_hf(ckpt, dtype=args.dtype, max_seq_len=args.prompt_len + N, max_batch_rows=B,
-                              eos_token_ids=(), new_token_buckets=(N,))
+                              eos_token_ids=(), new_token_buckets=(N,), layout=args.layout)
     params = SamplingParams(max_tokens=N, greedy=not args.sample, temperature=1.0, seed=0)
     sampler.generate(prompts, params)  # compile
 
@@ -162,6 +162,8 @@ def main(argv=None):
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--layout", default=None, choices=["in_out", "out_in", "panels"],
+                   help="the engine's weight layout (default: qwen3.engine_layout's choice)")
     p.add_argument("--sample", action="store_true", help="temperature-1 sampling instead of greedy, both sides")
     p.add_argument("--skip-generation", action="store_true", help="only the weight-sync benchmark")
     p.add_argument("--skip-sync", action="store_true", help="only the generation benchmark")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jaxrl.models import qwen3
+from jaxrl.models import cpu_kernel, qwen3
 from jaxrl.rollout.sampler import Sampler, select_tokens
 from jaxrl.rollout.types import SamplingParams
 
@@ -386,11 +386,13 @@ def test_prefix_shared_engine_prefills_once_and_equals_the_unshared_one(model, m
 def test_prefill_and_decode_steps_equal_the_full_forward(model, full_logits, layout):
     """The engine's model path alone: prefill of right- and left-padded prompts, then decode steps
     in both cache layouts (shared: R = 2 rows per prompt feeding different tokens; row: one row
-    per prompt), against the plain forward of each row's sequence; in both weight layouts (the
-    CPU's "out_in" multiplies the decode steps' 2 and 4 rows as a multiply-reduce)."""
+    per prompt), against the plain forward of each row's sequence; in every weight layout (the
+    CPU's "out_in" multiplies the decode steps' 2 and 4 rows as a multiply-reduce, "panels" runs
+    every matmul, the prefill's included, in the CPU kernel)."""
     cfg, params = model
     ep = qwen3.engine_params(params, cfg, layout=layout)
     assert ("qkv_proj_t" in ep["layers"][0]) == (layout == "out_in")
+    assert ("qkv_proj_p" in ep["layers"][0]) == (layout == "panels")
     prompts, P, steps = [[3, 1, 4, 1, 5], [9, 2, 6]], 8, 3
     fed = [[7, 8, 9], [10, 11, 12], [13, 14, 15], [16, 17, 18]]
     prefill = jax.jit(lambda ep, t, m: qwen3.prefill(ep, cfg, t, m))
@@ -420,37 +422,52 @@ def test_prefill_and_decode_steps_equal_the_full_forward(model, full_logits, lay
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("rows", [1, 2, 16, 17])
-def test_projection_in_both_layouts_against_float64(rows, dtype):
+def test_projection_in_every_layout_against_float64(rows, dtype):
     """`qwen3._project` (GEMV at 1 row, multiply-reduce at 2-16 rows in the "out_in" layout, dot
-    above) against a float64 numpy matmul of the same (rounded) inputs: float32 to 1e-5
-    relative; bfloat16 within the rounding of the output (float32 accumulation)."""
+    above; the CPU kernel at every row count in "panels", float32 only) against a float64 numpy
+    matmul of the same (rounded) inputs: float32 to 1e-6 of the bound on the round-off;
+    bfloat16 within the rounding of the output (float32 accumulation)."""
     rng = np.random.default_rng(rows)
     x = jnp.asarray(rng.standard_normal((rows, 96)), dtype)
-    w = jnp.asarray(rng.standard_normal((96, 40)), dtype)  # [in, out]
+    w = jnp.asarray(rng.standard_normal((96, 48)), dtype)  # [in, out]
     want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
     scale = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w, np.float64))  # bounds the round-off
     tol = 1e-6 if dtype == "float32" else 2 ** -8
-    for p, name in (({"w": w}, "w"), ({"w_t": w.T}, "w")):
+    layouts = [({"w": w}, "w"), ({"w_t": w.T}, "w")]
+    if dtype == "float32":
+        layouts.append(({"w_p": cpu_kernel.to_panels(w)}, "w"))
+    for p, name in layouts:
         got = jax.jit(lambda x, p: qwen3._project(x, p, name))(x, p)
-        assert got.dtype == jnp.dtype(dtype) and got.shape == (rows, 40)
+        assert got.dtype == jnp.dtype(dtype) and got.shape == (rows, 48)
         assert np.all(np.abs(np.asarray(got, np.float64) - want) <= tol * scale), (p.keys(), rows, dtype)
         got32 = jax.jit(lambda x, p: qwen3._project(x, p, name, jnp.float32))(x, p)
         assert got32.dtype == jnp.float32
         assert np.all(np.abs(np.asarray(got32, np.float64) - want) <= 1e-6 * scale), (p.keys(), rows, dtype)
+    # The prefill's [G, P, in] rows through the kernel.
+    x3 = jnp.asarray(rng.standard_normal((2, rows, 96)), jnp.float32)
+    got3 = jax.jit(lambda x, w: qwen3._project(x, {"w_p": w}, "w"))(x3, cpu_kernel.to_panels(w.astype(jnp.float32)))
+    want3 = np.asarray(x3, np.float64) @ np.asarray(w.astype(jnp.float32), np.float64)
+    scale3 = np.abs(np.asarray(x3, np.float64)) @ np.abs(np.asarray(w.astype(jnp.float32), np.float64))
+    assert got3.shape == (2, rows, 48) and np.all(np.abs(np.asarray(got3, np.float64) - want3) <= 1e-6 * scale3)
 
 
 def test_engine_layouts_give_the_same_tokens_and_logprobs(model):
-    """A Sampler on CPU runs the "out_in" layout; the "in_out" one (GPU, TPU) run here on the same
-    requests gives the same tokens, and logprobs within float32 round-off."""
+    """A Sampler of at most 16 rows on CPU runs the "panels" layout (the CPU kernel); the "out_in"
+    (CPU, XLA kernels) and "in_out" (GPU, TPU) ones run here on the same requests give the same
+    tokens, and logprobs within float32 round-off."""
     cfg, params = model
-    a = Sampler(params, cfg, max_seq_len=48, batch_buckets=(8,), prompt_buckets=(32,), new_token_buckets=(16,))
-    assert a.layout == "out_in" and "qkv_proj_t" in a.params["layers"][0]
-    b = Sampler(params, cfg, max_seq_len=48, batch_buckets=(8,), prompt_buckets=(32,), new_token_buckets=(16,),
-                layout="in_out")
-    assert "qkv_proj" in b.params["layers"][0]
+    kw = dict(max_seq_len=48, batch_buckets=(8,), prompt_buckets=(32,), new_token_buckets=(16,))
+    a = Sampler(params, cfg, **kw)
+    assert a.layout == "panels" and "qkv_proj_p" in a.params["layers"][0]
+    others = [Sampler(params, cfg, **kw, layout=lay) for lay in ("out_in", "in_out")]
+    assert "qkv_proj_t" in others[0].params["layers"][0] and "qkv_proj" in others[1].params["layers"][0]
     for sp in (SamplingParams(max_tokens=16, greedy=True, n=2, seed=0),
                SamplingParams(max_tokens=16, temperature=1.0, n=2, seed=3)):
-        for ga, gb in zip(a.generate(PROMPTS, sp), b.generate(PROMPTS, sp)):
-            for ca, cb in zip(ga, gb):
-                assert ca.token_ids == cb.token_ids
-                np.testing.assert_allclose(ca.logprobs, cb.logprobs, atol=1e-5, rtol=0)
+        want = a.generate(PROMPTS, sp)
+        for b in others:
+            for ga, gb in zip(want, b.generate(PROMPTS, sp)):
+                for ca, cb in zip(ga, gb):
+                    assert ca.token_ids == cb.token_ids
+                    np.testing.assert_allclose(ca.logprobs, cb.logprobs, atol=1e-5, rtol=0)
+
+

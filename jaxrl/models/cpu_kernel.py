@@ -1,0 +1,194 @@
+"""The rollout engine's CPU matmul kernel: few rows times weights stored in column panels.
+
+A decode step multiplies a few rows (the batch) by every weight of the model once, so on a CPU
+it is bound by reading the weights. XLA:CPU's kernels at these shapes read them at about half the
+memory bandwidth (docs/rollout_engine.md); `panel_matmul.cc` (next to this file) reads each
+weight once, front to back, for all rows, with the reads prefetched so that they overlap the
+FMAs, on XLA's intra-op threads. It is an XLA FFI custom call, built on first use with the
+machine's C++ compiler (``c++``, or ``$CXX``) for the machine's own vector instructions, and
+cached under ``$JAXRL_CACHE_DIR`` (default ``~/.cache/jaxrl``) by a hash of the source, the
+jaxlib version, the compiler flags and the CPU.
+
+Weight layout (:func:`to_panels`): ``w [in, out]`` is stored as panels ``[out / 16, in, 16]``:
+panel p holds output columns 16p .. 16p + 15, so each panel is one contiguous stream.
+
+``JAXRL_CPU_KERNEL`` chooses: unset or ``auto`` (default) uses the kernel and, where it cannot be
+built (no C++ compiler), warns once and runs XLA's kernels (the "out_in" layout, about half the
+decode speed); ``1`` requires the kernel (a build failure is an error); ``0`` never uses it.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+PANEL = 16  # output columns per panel
+TARGET = "jaxrl_panel_matmul"
+SOURCE = Path(__file__).with_name("panel_matmul.cc")
+
+_lock = threading.Lock()
+_state: dict = {}
+
+
+class KernelBuildError(RuntimeError):
+    """The CPU kernel could not be built or loaded (the message says why and what to do)."""
+
+
+def _cpu_id() -> str:
+    """What the compiled code depends on: the architecture and the CPU's feature flags."""
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = line
+                break
+    except OSError:
+        pass
+    return f"{platform.machine()}|{flags}"
+
+
+def _compile_command(src: Path, out: Path) -> list[str]:
+    cxx = os.environ.get("CXX", "c++")
+    arch = ["-mcpu=native"] if platform.machine() in ("aarch64", "arm64") else ["-march=native"]
+    return [cxx, "-O3", *arch, "-std=c++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}",
+            str(src), "-o", str(out)]
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept: ``$JAXRL_CACHE_DIR/kernels`` (default ``~/.cache/jaxrl``)."""
+    root = os.environ.get("JAXRL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "jaxrl")
+    return Path(root) / "kernels"
+
+
+def build() -> Path:
+    """Builds the kernel library if this machine has no built copy yet; returns its path.
+
+    The build writes a temporary file and renames it into place, so processes building at once
+    (test workers, several engines) each end with a complete library.
+
+    Raises:
+      KernelBuildError: no C++ compiler, a failed compile (the compiler's message), or an
+        unwritable cache directory; the message names ``JAXRL_CPU_KERNEL=0`` as the way to run
+        without the kernel.
+    """
+    src = SOURCE.read_bytes()
+    flags = _compile_command(Path("SRC"), Path("OUT"))[1:]  # which compiler built it does not matter
+    import jaxlib
+
+    key = hashlib.sha256(b"\0".join([src, jaxlib.__version__.encode(), " ".join(flags).encode(),
+                                     _cpu_id().encode()])).hexdigest()[:16]
+    out = cache_dir() / f"panel_matmul-{key}.so"
+    if out.exists():
+        return out
+    hint = "set JAXRL_CPU_KERNEL=0 to run the engine with XLA's kernels instead (about 2x slower decoding on CPU)"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+        os.close(fd)
+    except OSError as e:
+        raise KernelBuildError(f"CPU kernel: cannot write to {out.parent} ({e}); set JAXRL_CACHE_DIR to a writable "
+                               f"directory, or {hint}") from None
+    cmd = _compile_command(SOURCE, Path(tmp))
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True)
+    except FileNotFoundError:
+        os.unlink(tmp)
+        raise KernelBuildError(f"CPU kernel: no C++ compiler {cmd[0]!r} (install g++, e.g. 'apt-get install g++', "
+                               f"or set CXX), or {hint}") from None
+    if res.returncode != 0:
+        os.unlink(tmp)
+        raise KernelBuildError(f"CPU kernel: '{' '.join(cmd)}' failed:\n{res.stderr.strip()[-2000:]}\n{hint}")
+    os.replace(tmp, out)
+    return out
+
+
+def ensure_registered() -> None:
+    """Builds (once per machine) and registers the custom call (once per process).
+
+    Raises:
+      KernelBuildError: see :func:`build`.
+    """
+    with _lock:
+        if _state.get("registered"):
+            return
+        lib = ctypes.cdll.LoadLibrary(str(build()))
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.JaxrlPanelMatmul), platform="cpu")
+        _state["lib"] = lib  # keep the library loaded
+        _state["registered"] = True
+
+
+def to_panels(w):
+    """Weights ``w [in, out]`` (float32) as panels ``[ceil(out / 16), in, 16]`` (zeros pad a last,
+    partial panel): element ``[p, k, c]`` is ``w[k, 16 p + c]``."""
+    K, N = w.shape
+    P = -(-N // PANEL)
+    w = jnp.pad(w, ((0, 0), (0, P * PANEL - N)))
+    return w.reshape(K, P, PANEL).transpose(1, 0, 2)
+
+
+def panel_matmul(x, w_panels, n: int):
+    """``x [M, K] @ w [K, n]`` for float32 ``x`` and the panels of `w` (:func:`to_panels`), as
+    ``[M, n]`` float32; each output is a float32 sum over k in order. CPU only; builds and
+    registers the kernel on first use (:func:`ensure_registered`).
+
+    Raises:
+      ValueError: shapes or dtypes that do not match.
+      KernelBuildError: see :func:`build`.
+    """
+    P, K, c = w_panels.shape
+    if x.ndim != 2 or x.shape[1] != K or c != PANEL or not (PANEL * (P - 1) < n <= PANEL * P):
+        raise ValueError(f"panel_matmul: x {x.shape} and panels {w_panels.shape} do not multiply to {n} columns")
+    if x.dtype != jnp.float32 or w_panels.dtype != jnp.float32:
+        raise ValueError(f"panel_matmul: float32 only, got x {x.dtype} and panels {w_panels.dtype}")
+    ensure_registered()
+    return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32))(x, w_panels)
+
+
+def mode() -> str:
+    """``JAXRL_CPU_KERNEL``: "auto" (unset), "1" or "0" (module docstring).
+
+    Raises:
+      ValueError: any other value.
+    """
+    v = os.environ.get("JAXRL_CPU_KERNEL", "auto")
+    if v not in ("auto", "0", "1"):
+        raise ValueError(f"JAXRL_CPU_KERNEL={v!r}: set it to auto (the default: use the CPU kernel where it builds), "
+                         f"1 (require it) or 0 (XLA's kernels)")
+    return v
+
+
+def available() -> bool:
+    """Whether engines use the kernel in this process (:func:`mode`): built and registered. Under
+    "auto" a failed build warns once (with the reason and the fix) and returns False.
+
+    Raises:
+      KernelBuildError: the build failed under ``JAXRL_CPU_KERNEL=1`` (see :func:`build`).
+      ValueError: a bad ``JAXRL_CPU_KERNEL`` (:func:`mode`).
+    """
+    m = mode()
+    if m == "0":
+        return False
+    try:
+        ensure_registered()
+    except KernelBuildError as e:
+        if m == "1":
+            raise
+        if not _state.get("warned"):
+            _state["warned"] = True
+            warnings.warn(f"{e}\nThe rollout engine runs with XLA's kernels (JAXRL_CPU_KERNEL=0 silences this).",
+                          RuntimeWarning, stacklevel=2)
+        return False
+    return True
+
+
+if __name__ == "__main__":  # python -m jaxrl.models.cpu_kernel: build (if needed) and say where
+    print(build())

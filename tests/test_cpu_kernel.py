@@ -83,6 +83,18 @@ def test_build_is_cached_and_atomic(tmp_path, monkeypatch):
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
 
 
+def test_a_damaged_cached_library_is_built_again(tmp_path, monkeypatch):
+    """A cached library cut short on disk (not by our atomic write; loading it could crash the
+    process) no longer matches the hash in its name: it is removed and built again."""
+    monkeypatch.setenv("JAXRL_CACHE_DIR", str(tmp_path))
+    path = cpu_kernel.build()
+    good = path.read_bytes()
+    with open(path, "r+b") as f:
+        f.truncate(len(good) // 3)
+    assert cpu_kernel.build() == path and path.read_bytes() == good
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+
+
 def test_no_compiler_warns_and_falls_back_or_fails_when_required(tmp_path, monkeypatch):
     """Without a compiler: under the default ("auto") one warning naming the compiler and the
     fix, and a CPU engine then runs XLA's kernels ("out_in"); JAXRL_CPU_KERNEL=1 makes it an

@@ -73,7 +73,8 @@ def build() -> Path:
     """Builds the kernel library if this machine has no built copy yet; returns its path.
 
     The build writes a temporary file and renames it into place, so processes building at once
-    (test workers, several engines) each end with a complete library.
+    (test workers, several engines) each end with a complete library; a cached library whose
+    bytes no longer match the hash in its name (damaged on disk) is removed and built again.
 
     Raises:
       KernelBuildError: no C++ compiler, a failed compile (the compiler's message), or an
@@ -86,16 +87,20 @@ def build() -> Path:
 
     key = hashlib.sha256(b"\0".join([src, jaxlib.__version__.encode(), " ".join(flags).encode(),
                                      _cpu_id().encode()])).hexdigest()[:16]
-    out = cache_dir() / f"panel_matmul-{key}.so"
-    if out.exists():
-        return out
+    # A library's name ends with the hash of its own bytes: a file damaged on disk (loading it
+    # could crash the process) does not match its name and is built again.
+    for old in sorted(cache_dir().glob(f"panel_matmul-{key}-*.so")):
+        if old.stem.rsplit("-", 1)[1] == _digest(old):
+            return old
+        old.unlink(missing_ok=True)
     hint = "set JAXRL_CPU_KERNEL=0 to run the engine with XLA's kernels instead (about 2x slower decoding on CPU)"
+    out_dir = cache_dir()
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f"panel_matmul-{key}.", suffix=".tmp", dir=out_dir)
         os.close(fd)
     except OSError as e:
-        raise KernelBuildError(f"CPU kernel: cannot write to {out.parent} ({e}); set JAXRL_CACHE_DIR to a writable "
+        raise KernelBuildError(f"CPU kernel: cannot write to {out_dir} ({e}); set JAXRL_CACHE_DIR to a writable "
                                f"directory, or {hint}") from None
     cmd = _compile_command(SOURCE, Path(tmp))
     try:
@@ -107,8 +112,13 @@ def build() -> Path:
     if res.returncode != 0:
         os.unlink(tmp)
         raise KernelBuildError(f"CPU kernel: '{' '.join(cmd)}' failed:\n{res.stderr.strip()[-2000:]}\n{hint}")
+    out = out_dir / f"panel_matmul-{key}-{_digest(Path(tmp))}.so"
     os.replace(tmp, out)
     return out
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def ensure_registered() -> None:

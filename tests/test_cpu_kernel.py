@@ -1,7 +1,7 @@
 """The rollout engine's CPU kernel (jaxrl/models/cpu_kernel.py, panel_matmul.cc): values against
 float64 numpy, the panel layout by hand, its errors, the build cache and the fallback when it
 cannot be built."""
-import os
+import sys
 import warnings
 
 import jax
@@ -71,23 +71,19 @@ def test_panel_matmul_refuses_mismatched_shapes_and_dtypes():
         cpu_kernel.panel_matmul(jnp.zeros((2, 32), jnp.bfloat16), wp, 48)
 
 
-def test_build_is_cached_and_atomic(tmp_path, monkeypatch):
-    """A fresh cache directory gets one library; the second build finds it (no compile), and no
-    temporary file is left behind."""
+def test_build_is_cached_and_a_damaged_copy_is_built_again(tmp_path, monkeypatch):
+    """A fresh cache directory gets one library, readable by other users of a shared cache; the
+    second build finds it (no compile), and no temporary file is left behind. A cached library
+    cut short on disk (not by our atomic write; loading it could crash the process) no longer
+    matches the hash in its name: it is removed and built again."""
     monkeypatch.setenv("JAXRL_CACHE_DIR", str(tmp_path))
     path = cpu_kernel.build()
-    assert path.parent == tmp_path / "kernels" and path.exists()
+    assert path.parent == tmp_path / "kernels" and path.exists() and path.stat().st_mode & 0o777 == 0o755
     mtime = path.stat().st_mtime_ns
     monkeypatch.setenv("CXX", "/nonexistent/c++")  # a second compile would fail
     assert cpu_kernel.build() == path and path.stat().st_mtime_ns == mtime
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
-
-
-def test_a_damaged_cached_library_is_built_again(tmp_path, monkeypatch):
-    """A cached library cut short on disk (not by our atomic write; loading it could crash the
-    process) no longer matches the hash in its name: it is removed and built again."""
-    monkeypatch.setenv("JAXRL_CACHE_DIR", str(tmp_path))
-    path = cpu_kernel.build()
+    monkeypatch.delenv("CXX")
     good = path.read_bytes()
     with open(path, "r+b") as f:
         f.truncate(len(good) // 3)
@@ -118,6 +114,71 @@ def test_no_compiler_warns_and_falls_back_or_fails_when_required(tmp_path, monke
     monkeypatch.setenv("JAXRL_CPU_KERNEL", "yes")
     with pytest.raises(ValueError, match="JAXRL_CPU_KERNEL='yes'"):
         qwen3.engine_layout("cpu", 8, cfg)
+    with pytest.raises(ValueError, match="JAXRL_CPU_KERNEL='yes'"):  # every CPU engine checks it
+        qwen3.engine_layout("cpu", 64, cfg)
+    monkeypatch.setenv("JAXRL_CPU_KERNEL", "")  # empty is unset: auto
+    assert cpu_kernel.mode() == "auto"
+
+
+def _fake_compiler(tmp_path, body: str):
+    """A stand-in for c++: a script that writes `body` (Python bytes literal) to its -o file and
+    records its arguments."""
+    fake = tmp_path / "fake-cxx"
+    fake.write_text(f"""#!{sys.executable}
+import sys
+args = sys.argv[1:]
+open({str(tmp_path / 'args')!r}, 'w').write(' '.join(args))
+out = args[args.index('-o') + 1]
+open(out, 'wb').write({body})
+""")
+    fake.chmod(0o755)
+    return fake
+
+
+def test_a_compiler_that_writes_nothing_or_cannot_run_is_refused(tmp_path, monkeypatch):
+    """A compiler that exits 0 but writes no library, and a CXX that is not a program, are one
+    KernelBuildError each (a fallback warning under "auto"); nothing is cached."""
+    monkeypatch.setenv("JAXRL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", str(_fake_compiler(tmp_path, "b''")))
+    with pytest.raises(cpu_kernel.KernelBuildError, match="succeeded but wrote no library"):
+        cpu_kernel.build()
+    monkeypatch.setenv("CXX", str(tmp_path))  # a directory
+    with pytest.raises(cpu_kernel.KernelBuildError, match="cannot run the C\\+\\+ compiler"):
+        cpu_kernel.build()
+    assert list((tmp_path / "cache" / "kernels").iterdir()) == []
+
+
+def test_a_library_that_does_not_load_falls_back_and_is_not_kept(tmp_path, monkeypatch):
+    """A "library" that does not load (here: not an ELF file; in life, built against other
+    system libraries) is removed from the cache, and "auto" warns and runs XLA's kernels, so the
+    next process, its cause fixed, builds again. CXX may carry arguments."""
+    monkeypatch.setenv("JAXRL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", f"{_fake_compiler(tmp_path, repr(b'not a library'))} --extra-arg")
+    monkeypatch.setattr(cpu_kernel, "_state", {})
+    monkeypatch.delenv("JAXRL_CPU_KERNEL", raising=False)
+    cfg = qwen3.Qwen3Config.preset("tiny")
+    with pytest.warns(RuntimeWarning, match="does not load"):
+        assert qwen3.engine_layout("cpu", 8, cfg) == "out_in"
+    assert (tmp_path / "args").read_text().startswith("--extra-arg -O3")
+    assert list((tmp_path / "cache" / "kernels").iterdir()) == []
+    monkeypatch.setenv("JAXRL_CPU_KERNEL", "1")
+    with pytest.raises(cpu_kernel.KernelBuildError, match="does not load"):
+        cpu_kernel.available()
+
+
+def test_long_prefills_use_xla_on_the_panels():
+    """Up to KERNEL_MAX_ROWS rows a "panels" projection is the custom call, above it an XLA dot on
+    the same panels; both within float32 round-off of float64 numpy."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((96, 48)).astype(np.float32)
+    p = {"w_p": cpu_kernel.to_panels(jnp.asarray(w))}
+    f = jax.jit(lambda x, p: qwen3._project(x, p, "w"))
+    for rows, custom in ((cpu_kernel.KERNEL_MAX_ROWS, True), (cpu_kernel.KERNEL_MAX_ROWS + 1, False)):
+        x = rng.standard_normal((rows, 96)).astype(np.float32)
+        assert (cpu_kernel.TARGET in f.lower(x, p).as_text()) == custom
+        want = x.astype(np.float64) @ w.astype(np.float64)
+        bound = 96 * 2.0 ** -24 * (np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)))
+        assert np.all(np.abs(np.asarray(f(x, p), np.float64) - want) <= bound)
 
 
 def test_a_failed_compile_names_the_command_and_the_fix(tmp_path, monkeypatch):
@@ -156,9 +217,8 @@ def test_panels_engine_matches_the_xla_layout_with_a_tied_head():
     a, b = Sampler(params, cfg, **kw), Sampler(params, cfg, **kw, layout="in_out")
     assert a.layout == "panels" and ("head_p" in a.params) == tied
     prompts = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3, 5]]
-    for sp in (SamplingParams(max_tokens=12, greedy=True, n=2, seed=0),
-               SamplingParams(max_tokens=12, temperature=1.0, n=2, seed=5)):
-        for ga, gb in zip(a.generate(prompts, sp), b.generate(prompts, sp)):
-            for ca, cb in zip(ga, gb):
-                assert ca.token_ids == cb.token_ids
-                np.testing.assert_allclose(ca.logprobs, cb.logprobs, atol=1e-5, rtol=0)
+    sp = SamplingParams(max_tokens=12, temperature=1.0, n=2, seed=5)  # greedy: tests/test_sampler.py
+    for ga, gb in zip(a.generate(prompts, sp), b.generate(prompts, sp)):
+        for ca, cb in zip(ga, gb):
+            assert ca.token_ids == cb.token_ids
+            np.testing.assert_allclose(ca.logprobs, cb.logprobs, atol=1e-5, rtol=0)

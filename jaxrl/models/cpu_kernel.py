@@ -5,16 +5,19 @@ it is bound by reading the weights. XLA:CPU's kernels at these shapes read them 
 memory bandwidth (docs/rollout_engine.md); `panel_matmul.cc` (next to this file) reads each
 weight once, front to back, for all rows, with the reads prefetched so that they overlap the
 FMAs, on XLA's intra-op threads. It is an XLA FFI custom call, built on first use with the
-machine's C++ compiler (``c++``, or ``$CXX``) for the machine's own vector instructions, and
-cached under ``$JAXRL_CACHE_DIR`` (default ``~/.cache/jaxrl``) by a hash of the source, the
-jaxlib version, the compiler flags and the CPU.
+machine's C++ compiler (``c++``, e.g. g++, or ``$CXX``, which may carry arguments such as
+``ccache g++``) for the machine's own vector instructions, and cached under
+``$JAXRL_CACHE_DIR/kernels`` (default ``~/.cache/jaxrl/kernels``) by a hash of the source, the
+jaxlib version, the compiler flags and the CPU. Used for matmuls of up to `KERNEL_MAX_ROWS` rows;
+more rows (a long prefill) are one XLA dot on the same panels, which is faster there.
 
 Weight layout (:func:`to_panels`): ``w [in, out]`` is stored as panels ``[out / 16, in, 16]``:
 panel p holds output columns 16p .. 16p + 15, so each panel is one contiguous stream.
 
-``JAXRL_CPU_KERNEL`` chooses: unset or ``auto`` (default) uses the kernel and, where it cannot be
-built (no C++ compiler), warns once and runs XLA's kernels (the "out_in" layout, about half the
-decode speed); ``1`` requires the kernel (a build failure is an error); ``0`` never uses it.
+``JAXRL_CPU_KERNEL`` chooses: unset, empty or ``auto`` (default) uses the kernel and, where it
+cannot be built or loaded (no C++ compiler, a failed compile, an unwritable cache), warns once
+and runs XLA's kernels (the "out_in" layout, or "in_out" for a 1-row engine: about 0.6x the
+decode speed at 8 rows); ``1`` requires the kernel (a failure is an error); ``0`` never uses it.
 """
 from __future__ import annotations
 
@@ -22,9 +25,11 @@ import ctypes
 import hashlib
 import os
 import platform
+import shlex
 import subprocess
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -32,6 +37,10 @@ import jax
 import jax.numpy as jnp
 
 PANEL = 16  # output columns per panel
+# Rows up to which a matmul runs in the kernel; above, an XLA dot on the panels was faster
+# (a [256, 256] x [256, 1536] prefill matmul: 7.2 ms in the kernel, 6.6 ms as the dot; at 64
+# rows 1.3 ms against 3.2 ms; 2-core x86 CPU).
+KERNEL_MAX_ROWS = 64
 TARGET = "jaxrl_panel_matmul"
 SOURCE = Path(__file__).with_name("panel_matmul.cc")
 
@@ -39,8 +48,10 @@ _lock = threading.Lock()
 _state: dict = {}
 
 
-class KernelBuildError(RuntimeError):
-    """The CPU kernel could not be built or loaded (the message says why and what to do)."""
+class KernelBuildError(ValueError):
+    """The CPU kernel could not be built or loaded on this machine (the message says why and what
+    to do); a ValueError, as a setting (``JAXRL_CPU_KERNEL=1``, ``CXX``, ``JAXRL_CACHE_DIR``)
+    asks for what the machine cannot do."""
 
 
 def _cpu_id() -> str:
@@ -56,11 +67,14 @@ def _cpu_id() -> str:
     return f"{platform.machine()}|{flags}"
 
 
-def _compile_command(src: Path, out: Path) -> list[str]:
-    cxx = os.environ.get("CXX", "c++")
+def _flags() -> list[str]:
     arch = ["-mcpu=native"] if platform.machine() in ("aarch64", "arm64") else ["-march=native"]
-    return [cxx, "-O3", *arch, "-std=c++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}",
-            str(src), "-o", str(out)]
+    return ["-O3", *arch, "-std=c++17", "-shared", "-fPIC", "-w"]
+
+
+def _compile_command(src: Path, out: Path) -> list[str]:
+    cxx = shlex.split(os.environ.get("CXX") or "c++")
+    return [*cxx, *_flags(), f"-I{jax.ffi.include_dir()}", str(src), "-o", str(out)]
 
 
 def cache_dir() -> Path:
@@ -73,30 +87,33 @@ def build() -> Path:
     """Builds the kernel library if this machine has no built copy yet; returns its path.
 
     The build writes a temporary file and renames it into place, so processes building at once
-    (test workers, several engines) each end with a complete library; a cached library whose
-    bytes no longer match the hash in its name (damaged on disk) is removed and built again.
+    (test workers, several engines) each end with a complete library. A library's name ends with
+    the hash of its own bytes: a cached file damaged on disk (loading it could crash the process)
+    no longer matches and is built again. Temporary files of builds killed an hour or more ago
+    are removed.
 
     Raises:
-      KernelBuildError: no C++ compiler, a failed compile (the compiler's message), or an
-        unwritable cache directory; the message names ``JAXRL_CPU_KERNEL=0`` as the way to run
-        without the kernel.
+      KernelBuildError: no C++ compiler or one that cannot be run, a failed compile (with the
+        compiler's message) or one that wrote no library, or an unwritable cache directory; the
+        message names ``JAXRL_CPU_KERNEL=0`` as the way to run without the kernel.
     """
-    src = SOURCE.read_bytes()
-    flags = _compile_command(Path("SRC"), Path("OUT"))[1:]  # which compiler built it does not matter
     import jaxlib
 
-    key = hashlib.sha256(b"\0".join([src, jaxlib.__version__.encode(), " ".join(flags).encode(),
+    src = SOURCE.read_bytes()
+    # Neither the compiler's name nor the venv's include path changes what is built.
+    key = hashlib.sha256(b"\0".join([src, jaxlib.__version__.encode(), " ".join(_flags()).encode(),
                                      _cpu_id().encode()])).hexdigest()[:16]
-    # A library's name ends with the hash of its own bytes: a file damaged on disk (loading it
-    # could crash the process) does not match its name and is built again.
-    for old in sorted(cache_dir().glob(f"panel_matmul-{key}-*.so")):
+    out_dir = cache_dir()
+    for old in sorted(out_dir.glob(f"panel_matmul-{key}-*.so")):
         if old.stem.rsplit("-", 1)[1] == _digest(old):
             return old
         old.unlink(missing_ok=True)
-    hint = "set JAXRL_CPU_KERNEL=0 to run the engine with XLA's kernels instead (about 2x slower decoding on CPU)"
-    out_dir = cache_dir()
+    hint = "set JAXRL_CPU_KERNEL=0 to run the engine with XLA's kernels instead"
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
+        for stale in out_dir.glob("panel_matmul-*.tmp"):
+            if stale.stat().st_mtime < time.time() - 3600:
+                stale.unlink(missing_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f"panel_matmul-{key}.", suffix=".tmp", dir=out_dir)
         os.close(fd)
     except OSError as e:
@@ -104,16 +121,24 @@ def build() -> Path:
                                f"directory, or {hint}") from None
     cmd = _compile_command(SOURCE, Path(tmp))
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True)
-    except FileNotFoundError:
-        os.unlink(tmp)
-        raise KernelBuildError(f"CPU kernel: no C++ compiler {cmd[0]!r} (install g++, e.g. 'apt-get install g++', "
-                               f"or set CXX), or {hint}") from None
-    if res.returncode != 0:
-        os.unlink(tmp)
-        raise KernelBuildError(f"CPU kernel: '{' '.join(cmd)}' failed:\n{res.stderr.strip()[-2000:]}\n{hint}")
-    out = out_dir / f"panel_matmul-{key}-{_digest(Path(tmp))}.so"
-    os.replace(tmp, out)
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True)
+        except FileNotFoundError:
+            raise KernelBuildError(f"CPU kernel: no C++ compiler {cmd[0]!r}; install g++ (e.g. 'apt-get install g++') "
+                                   f"or set CXX, or {hint}") from None
+        except OSError as e:
+            raise KernelBuildError(f"CPU kernel: cannot run the C++ compiler {cmd[0]!r} ({e.strerror}); set CXX to "
+                                   f"a C++ compiler, or {hint}") from None
+        if res.returncode != 0:
+            raise KernelBuildError(f"CPU kernel: '{' '.join(cmd)}' failed:\n{res.stderr.strip()[-2000:]}\n{hint}")
+        if os.path.getsize(tmp) == 0:
+            raise KernelBuildError(f"CPU kernel: '{' '.join(cmd)}' succeeded but wrote no library; check CXX, or {hint}")
+        os.chmod(tmp, 0o755)  # mkstemp's 0600: readable by the users of a shared cache
+        out = out_dir / f"panel_matmul-{key}-{_digest(Path(tmp))}.so"
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     return out
 
 
@@ -122,16 +147,25 @@ def _digest(path: Path) -> str:
 
 
 def ensure_registered() -> None:
-    """Builds (once per machine) and registers the custom call (once per process).
+    """Builds (once per machine) and registers the custom call (once per process). A library that
+    does not load (one built against other system libraries, say) is removed from the cache, so
+    that the next process builds it again.
 
     Raises:
-      KernelBuildError: see :func:`build`.
+      KernelBuildError: see :func:`build`; or the library does not load.
     """
     with _lock:
         if _state.get("registered"):
             return
-        lib = ctypes.cdll.LoadLibrary(str(build()))
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.JaxrlPanelMatmul), platform="cpu")
+        path = build()
+        try:
+            lib = ctypes.cdll.LoadLibrary(str(path))
+            handler = lib.JaxrlPanelMatmul
+        except (OSError, AttributeError) as e:
+            path.unlink(missing_ok=True)
+            raise KernelBuildError(f"CPU kernel: the library built from {SOURCE.name} does not load ({e}); "
+                                   f"check CXX, or set JAXRL_CPU_KERNEL=0 to run the engine with XLA's kernels") from None
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler), platform="cpu")
         _state["lib"] = lib  # keep the library loaded
         _state["registered"] = True
 
@@ -147,8 +181,9 @@ def to_panels(w):
 
 def panel_matmul(x, w_panels, n: int):
     """``x [M, K] @ w [K, n]`` for float32 ``x`` and the panels of `w` (:func:`to_panels`), as
-    ``[M, n]`` float32; each output is a float32 sum over k in order. CPU only; builds and
-    registers the kernel on first use (:func:`ensure_registered`).
+    ``[M, n]`` float32; each output is a float32 sum over k in order. CPU only, no ``vmap`` or
+    gradient (the engine needs neither); builds and registers the kernel on first use
+    (:func:`ensure_registered`).
 
     Raises:
       ValueError: shapes or dtypes that do not match.
@@ -164,12 +199,12 @@ def panel_matmul(x, w_panels, n: int):
 
 
 def mode() -> str:
-    """``JAXRL_CPU_KERNEL``: "auto" (unset), "1" or "0" (module docstring).
+    """``JAXRL_CPU_KERNEL``: "auto" (unset or empty), "1" or "0" (module docstring).
 
     Raises:
       ValueError: any other value.
     """
-    v = os.environ.get("JAXRL_CPU_KERNEL", "auto")
+    v = os.environ.get("JAXRL_CPU_KERNEL") or "auto"
     if v not in ("auto", "0", "1"):
         raise ValueError(f"JAXRL_CPU_KERNEL={v!r}: set it to auto (the default: use the CPU kernel where it builds), "
                          f"1 (require it) or 0 (XLA's kernels)")
@@ -194,8 +229,7 @@ def available() -> bool:
             raise
         if not _state.get("warned"):
             _state["warned"] = True
-            warnings.warn(f"{e}\nThe rollout engine runs with XLA's kernels (JAXRL_CPU_KERNEL=0 silences this).",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(f"{e}. The rollout engine now runs with XLA's kernels.", RuntimeWarning, stacklevel=4)
         return False
     return True
 

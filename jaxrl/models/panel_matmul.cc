@@ -9,18 +9,21 @@
 //   y   F32 [M, N]        N <= 16 P (columns past N in the last panel are not written)
 //
 // Why: a decode step multiplies a few rows (M <= 16) by every weight once, so it is bound by
-// reading the weights. Each panel is read once, front to back, for all rows (8 rows at a time
-// in registers: 16 accumulators of 8 lanes), with a software prefetch a few KiB ahead so that
-// the memory reads overlap the FMAs; the panels are split among the threads of XLA's intra-op
-// pool. Accumulation is float32, in k order for every output.
+// reading the weights. Each panel is read once, front to back, for all rows (8 rows at a time:
+// 16 accumulators of 8 lanes; AVX2's 16 registers cannot hold them all with the operands, so the
+// compiler keeps a few on the stack; measured faster than 4- or 6-row tiles, as the loop waits
+// on memory), with a software prefetch a few KiB ahead so that the memory reads overlap the
+// FMAs; the panels are split among the threads of XLA's intra-op pool. Accumulation is
+// float32, in k order for every output.
 //
 // Written with GCC/Clang vector extensions (no intrinsics): 8-lane float vectors compile to AVX2
 // on x86-64 and to pairs of NEON registers on AArch64.
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <condition_variable>
 #include <memory>
-#include <thread>
+#include <mutex>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -79,9 +82,11 @@ void panels(const float* x, const float* w, float* y, int64_t M, int64_t K, int6
   }
 }
 
-// Panels handed out in chunks; the calling thread works too and waits only for chunks another
-// thread has already claimed (so a pool thread that starts late, or never, cannot stall it).
-// Shared ownership: a pool task may start after the call returned; it then finds no chunk left.
+// Panels handed out in chunks; the calling thread works too and then waits only for chunks
+// another thread has already claimed (a pool thread that starts late, or not before the call
+// ends, takes no chunk; one descheduled in the middle of a chunk is waited for, asleep after a
+// short spin, so that its core can be handed to it). Shared ownership: a pool task may start
+// after the call returned; it then finds no chunk left.
 struct Work {
   const float* x;
   const float* w;
@@ -89,6 +94,8 @@ struct Work {
   int64_t M, K, N, P, chunk, num_chunks;
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
+  std::mutex mu;
+  std::condition_variable all_done;
 
   void run() {
     for (;;) {
@@ -96,8 +103,24 @@ struct Work {
       if (c >= num_chunks) return;
       const int64_t p0 = c * chunk, p1 = p0 + chunk < P ? p0 + chunk : P;
       panels(x, w, y, M, K, N, p0, p1);
-      done.fetch_add(1, std::memory_order_release);
+      if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == num_chunks) {
+        std::lock_guard<std::mutex> lock(mu);
+        all_done.notify_all();
+      }
     }
+  }
+
+  void wait() {
+    for (int spins = 0; spins < 2048; ++spins) {
+      if (done.load(std::memory_order_acquire) == num_chunks) return;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#elif defined(__aarch64__)
+      asm volatile("yield");
+#endif
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    all_done.wait(lock, [this] { return done.load(std::memory_order_acquire) == num_chunks; });
   }
 };
 
@@ -127,19 +150,7 @@ ffi::Error PanelMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffe
   const int64_t helpers = threads - 1 < work->num_chunks - 1 ? threads - 1 : work->num_chunks - 1;
   for (int64_t t = 0; t < helpers; ++t) pool.Schedule([work] { work->run(); });
   work->run();
-  // Chunks still running on other threads: spin briefly, then give the core away (on a loaded
-  // machine the thread finishing the last chunk may need it).
-  for (int spins = 0; work->done.load(std::memory_order_acquire) < work->num_chunks; ++spins) {
-    if (spins < 4096) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#elif defined(__aarch64__)
-      asm volatile("yield");
-#endif
-    } else {
-      std::this_thread::yield();
-    }
-  }
+  work->wait();
   return ffi::Error::Success();
 }
 

@@ -608,9 +608,14 @@ def engine_layout(platform: str, max_rows: int, cfg: Optional[Qwen3Config] = Non
     1-16 rows.
 
     Raises:
-      cpu_kernel.KernelBuildError / ValueError: see :func:`jaxrl.models.cpu_kernel.available`.
+      cpu_kernel.KernelBuildError / ValueError: a CPU engine with a bad ``JAXRL_CPU_KERNEL``, or
+        one that requires the kernel where it cannot be built
+        (:func:`jaxrl.models.cpu_kernel.available`).
     """
-    if platform != "cpu" or not 1 <= max_rows <= SKINNY_MAX_ROWS:
+    if platform != "cpu":
+        return "in_out"
+    cpu_kernel.mode()  # a bad JAXRL_CPU_KERNEL is refused by every CPU engine, not only small ones
+    if not 1 <= max_rows <= SKINNY_MAX_ROWS:
         return "in_out"
     if cfg is not None and panels_fit(cfg) and cpu_kernel.available():
         return "panels"
@@ -694,8 +699,9 @@ def _project(x, p: dict, name: str, out_dtype=None):
     :func:`engine_params`), returned in `out_dtype` (default: x's dtype; the "in_out" layout
     computes exactly the dot it always did, the "out_in" one accumulates in float32).
 
-    In the "panels" layout every shape runs :func:`jaxrl.models.cpu_kernel.panel_matmul`
-    (float32; the prefill's rows too).
+    In the "panels" layout (float32) up to ``cpu_kernel.KERNEL_MAX_ROWS`` rows (a decode step, a
+    short prefill) run :func:`jaxrl.models.cpu_kernel.panel_matmul`, more rows one XLA dot on the
+    panels.
 
     In the "out_in" layout, a decode step's ``x [B, in]`` with 2 <= B <= `SKINNY_MAX_ROWS` is
     multiplied as one fused multiply-reduce, ``y[b, n] = sum_k w[n, k] x[b, k]`` over an
@@ -706,7 +712,11 @@ def _project(x, p: dict, name: str, out_dtype=None):
     """
     if name + "_p" in p:  # "panels": float32 in and out
         w = p[name + "_p"]
-        y = cpu_kernel.panel_matmul(x.reshape(-1, x.shape[-1]).astype(jnp.float32), w, w.shape[0] * cpu_kernel.PANEL)
+        x2 = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
+        if x2.shape[0] <= cpu_kernel.KERNEL_MAX_ROWS:
+            y = cpu_kernel.panel_matmul(x2, w, w.shape[0] * cpu_kernel.PANEL)
+        else:  # a long prefill: XLA's dot on the panels is faster there
+            y = jnp.einsum("mk,pkc->mpc", x2, w).reshape(x2.shape[0], -1)
         return y.reshape(x.shape[:-1] + (y.shape[-1],)).astype(out_dtype or x.dtype)
     if name in p:  # "in_out"
         if out_dtype is None:

@@ -1,6 +1,8 @@
 """The rollout engine's CPU kernel (jaxrl/models/cpu_kernel.py, panel_matmul.cc): values against
 float64 numpy, the panel layout by hand, its errors, the build cache and the fallback when it
 cannot be built."""
+import os
+import subprocess
 import sys
 import warnings
 
@@ -127,7 +129,7 @@ def _fake_compiler(tmp_path, body: str):
     fake.write_text(f"""#!{sys.executable}
 import sys
 args = sys.argv[1:]
-open({str(tmp_path / 'args')!r}, 'w').write(' '.join(args))
+open({str(tmp_path / 'args')!r}, 'a').write(' '.join(args) + '\\n')
 out = args[args.index('-o') + 1]
 open(out, 'wb').write({body})
 """)
@@ -159,11 +161,36 @@ def test_a_library_that_does_not_load_falls_back_and_is_not_kept(tmp_path, monke
     cfg = qwen3.Qwen3Config.preset("tiny")
     with pytest.warns(RuntimeWarning, match="does not load"):
         assert qwen3.engine_layout("cpu", 8, cfg) == "out_in"
-    assert (tmp_path / "args").read_text().startswith("--extra-arg -O3")
+    assert qwen3.engine_layout("cpu", 4, cfg) == "out_in"  # not tried again in this process
+    calls = (tmp_path / "args").read_text().splitlines()
+    assert len(calls) == 1 and calls[0].startswith("--extra-arg -O3")
     assert list((tmp_path / "cache" / "kernels").iterdir()) == []
     monkeypatch.setenv("JAXRL_CPU_KERNEL", "1")
     with pytest.raises(cpu_kernel.KernelBuildError, match="does not load"):
         cpu_kernel.available()
+
+
+def test_bad_cxx_and_an_unreadable_cache_entry_are_one_error(tmp_path, monkeypatch):
+    """A CXX that does not split (an unclosed quote) and a cache entry that cannot be read (here
+    a directory with a library's name) are KernelBuildErrors naming the fix, before anything is
+    written; a blank CXX is the default compiler; `python -m jaxrl.models.cpu_kernel` says a
+    failure in one line and exits 1."""
+    monkeypatch.setenv("JAXRL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", 'g++ "')
+    with pytest.raises(cpu_kernel.KernelBuildError, match="CXX='g\\+\\+ \"' is not a command line"):
+        cpu_kernel.build()
+    assert not (tmp_path / "cache").exists()
+    monkeypatch.setenv("CXX", "   ")
+    assert cpu_kernel._compiler() == ["c++"]
+    monkeypatch.delenv("CXX")
+    key = cpu_kernel._key()
+    (tmp_path / "cache" / "kernels" / f"panel_matmul-{key}-0000000000000000.so").mkdir(parents=True)
+    with pytest.raises(cpu_kernel.KernelBuildError, match="cannot read or clean the cache"):
+        cpu_kernel.build()
+    env = dict(os.environ, CXX="/nonexistent/c++", JAXRL_CACHE_DIR=str(tmp_path / "cache2"))
+    res = subprocess.run([sys.executable, "-m", "jaxrl.models.cpu_kernel"], env=env, capture_output=True, text=True)
+    assert res.returncode == 1 and res.stdout == ""
+    assert res.stderr.strip().splitlines() == [res.stderr.strip()] and res.stderr.startswith("error: CPU kernel: no C++")
 
 
 def test_long_prefills_use_xla_on_the_panels():

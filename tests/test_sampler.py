@@ -388,7 +388,7 @@ def test_prefill_and_decode_steps_equal_the_full_forward(model, full_logits, lay
     in both cache layouts (shared: R = 2 rows per prompt feeding different tokens; row: one row
     per prompt), against the plain forward of each row's sequence; in every weight layout (the
     CPU's "out_in" multiplies the decode steps' 2 and 4 rows as a multiply-reduce, "panels" runs
-    every matmul, the prefill's included, in the CPU kernel)."""
+    every matmul of up to 64 rows, these 16-row prefills included, in the CPU kernel)."""
     cfg, params = model
     ep = qwen3.engine_params(params, cfg, layout=layout)
     assert ("qkv_proj_t" in ep["layers"][0]) == (layout == "out_in")

@@ -72,9 +72,21 @@ def _flags() -> list[str]:
     return ["-O3", *arch, "-std=c++17", "-shared", "-fPIC", "-w"]
 
 
+def _compiler() -> list[str]:
+    """``$CXX`` split into words (default ``c++``).
+
+    Raises:
+      KernelBuildError: a CXX that does not split (an unclosed quote).
+    """
+    try:
+        return shlex.split(os.environ.get("CXX", "")) or ["c++"]
+    except ValueError as e:
+        raise KernelBuildError(f"CPU kernel: CXX={os.environ['CXX']!r} is not a command line ({e}); fix CXX, or set "
+                               f"JAXRL_CPU_KERNEL=0 to run the engine with XLA's kernels") from None
+
+
 def _compile_command(src: Path, out: Path) -> list[str]:
-    cxx = shlex.split(os.environ.get("CXX") or "c++")
-    return [*cxx, *_flags(), f"-I{jax.ffi.include_dir()}", str(src), "-o", str(out)]
+    return [*_compiler(), *_flags(), f"-I{jax.ffi.include_dir()}", str(src), "-o", str(out)]
 
 
 def cache_dir() -> Path:
@@ -97,18 +109,18 @@ def build() -> Path:
         compiler's message) or one that wrote no library, or an unwritable cache directory; the
         message names ``JAXRL_CPU_KERNEL=0`` as the way to run without the kernel.
     """
-    import jaxlib
-
-    src = SOURCE.read_bytes()
-    # Neither the compiler's name nor the venv's include path changes what is built.
-    key = hashlib.sha256(b"\0".join([src, jaxlib.__version__.encode(), " ".join(_flags()).encode(),
-                                     _cpu_id().encode()])).hexdigest()[:16]
+    key = _key()
     out_dir = cache_dir()
-    for old in sorted(out_dir.glob(f"panel_matmul-{key}-*.so")):
-        if old.stem.rsplit("-", 1)[1] == _digest(old):
-            return old
-        old.unlink(missing_ok=True)
     hint = "set JAXRL_CPU_KERNEL=0 to run the engine with XLA's kernels instead"
+    _compiler()  # a CXX that does not split is refused before anything is written
+    try:
+        for old in sorted(out_dir.glob(f"panel_matmul-{key}-*.so")):
+            if old.stem.rsplit("-", 1)[1] == _digest(old):
+                return old
+            old.unlink(missing_ok=True)
+    except OSError as e:
+        raise KernelBuildError(f"CPU kernel: cannot read or clean the cache {out_dir} ({e}); set JAXRL_CACHE_DIR to a "
+                               f"directory of your own, or {hint}") from None
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         for stale in out_dir.glob("panel_matmul-*.tmp"):
@@ -130,9 +142,9 @@ def build() -> Path:
             raise KernelBuildError(f"CPU kernel: cannot run the C++ compiler {cmd[0]!r} ({e.strerror}); set CXX to "
                                    f"a C++ compiler, or {hint}") from None
         if res.returncode != 0:
-            raise KernelBuildError(f"CPU kernel: '{' '.join(cmd)}' failed:\n{res.stderr.strip()[-2000:]}\n{hint}")
+            raise KernelBuildError(f"CPU kernel: '{shlex.join(cmd)}' failed:\n{res.stderr.strip()[-2000:]}\n{hint}")
         if os.path.getsize(tmp) == 0:
-            raise KernelBuildError(f"CPU kernel: '{' '.join(cmd)}' succeeded but wrote no library; check CXX, or {hint}")
+            raise KernelBuildError(f"CPU kernel: '{shlex.join(cmd)}' succeeded but wrote no library; check CXX, or {hint}")
         os.chmod(tmp, 0o755)  # mkstemp's 0600: readable by the users of a shared cache
         out = out_dir / f"panel_matmul-{key}-{_digest(Path(tmp))}.so"
         os.replace(tmp, out)
@@ -140,6 +152,15 @@ def build() -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return out
+
+
+def _key() -> str:
+    """The cache key: the source, jaxlib's version, the flags and the CPU (neither the compiler's
+    name nor the venv's include path changes what is built)."""
+    import jaxlib
+
+    return hashlib.sha256(b"\0".join([SOURCE.read_bytes(), jaxlib.__version__.encode(), " ".join(_flags()).encode(),
+                                      _cpu_id().encode()])).hexdigest()[:16]
 
 
 def _digest(path: Path) -> str:
@@ -213,7 +234,8 @@ def mode() -> str:
 
 def available() -> bool:
     """Whether engines use the kernel in this process (:func:`mode`): built and registered. Under
-    "auto" a failed build warns once (with the reason and the fix) and returns False.
+    "auto" a failed build warns (with the reason and the fix) and returns False, and is not tried
+    again in this process (so that its engines share one layout; a new process tries again).
 
     Raises:
       KernelBuildError: the build failed under ``JAXRL_CPU_KERNEL=1`` (see :func:`build`).
@@ -222,17 +244,24 @@ def available() -> bool:
     m = mode()
     if m == "0":
         return False
+    if m == "auto" and "failure" in _state:  # one attempt per process: every engine gets the same layout
+        return False
     try:
         ensure_registered()
     except KernelBuildError as e:
         if m == "1":
             raise
-        if not _state.get("warned"):
-            _state["warned"] = True
-            warnings.warn(f"{e}. The rollout engine now runs with XLA's kernels.", RuntimeWarning, stacklevel=4)
+        _state["failure"] = e
+        warnings.warn(f"{e}. The rollout engine now runs with XLA's kernels.", RuntimeWarning, stacklevel=4)
         return False
     return True
 
 
-if __name__ == "__main__":  # python -m jaxrl.models.cpu_kernel: build (if needed) and say where
+if __name__ == "__main__":  # python -m jaxrl.models.cpu_kernel: build (if needed), load, say where
+    import sys
+
+    try:
+        ensure_registered()
+    except KernelBuildError as e:
+        sys.exit(f"error: {e}")
     print(build())

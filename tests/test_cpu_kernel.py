@@ -33,7 +33,6 @@ def test_panel_matmul_against_float64(K, N):
     rng = np.random.default_rng(K * N)
     w = rng.standard_normal((K, N)).astype(np.float32)
     wp = cpu_kernel.to_panels(jnp.asarray(w))
-    cpu_kernel.ensure_registered()
     f = jax.jit(cpu_kernel.panel_matmul, static_argnums=2)
     for M in (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 40):
         x = rng.standard_normal((M, K)).astype(np.float32)
@@ -53,7 +52,6 @@ def test_panel_matmul_inside_a_loop_and_with_an_empty_batch():
     w = (rng.standard_normal((64, 64)) / 8).astype(np.float32)
     x = rng.standard_normal((8, 64)).astype(np.float32)
     wp = cpu_kernel.to_panels(jnp.asarray(w))
-    cpu_kernel.ensure_registered()
     got = jax.jit(lambda x, wp: jax.lax.fori_loop(0, 5, lambda i, c: jnp.tanh(cpu_kernel.panel_matmul(c, wp, 64)),
                                                    x))(jnp.asarray(x), wp)
     want = x.astype(np.float64)

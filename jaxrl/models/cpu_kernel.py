@@ -187,6 +187,7 @@ def ensure_registered() -> None:
             raise KernelBuildError(f"CPU kernel: the library built from {SOURCE.name} does not load ({e}); "
                                    f"check CXX, or set JAXRL_CPU_KERNEL=0 to run the engine with XLA's kernels") from None
         jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler), platform="cpu")
+        _state["path"] = path
         _state["lib"] = lib  # keep the library loaded
         _state["registered"] = True
 
@@ -264,4 +265,4 @@ if __name__ == "__main__":  # python -m jaxrl.models.cpu_kernel: build (if neede
         ensure_registered()
     except KernelBuildError as e:
         sys.exit(f"error: {e}")
-    print(build())
+    print(_state["path"])

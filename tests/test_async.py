@@ -465,3 +465,43 @@ def test_fully_async_killed_during_training_and_during_a_weight_load_resumes_exa
     assert float(rows[-1]["async/dropped_stale_total"]) == sum(dropped) and all(d % 2 == 0 for d in dropped)
     state = json.load(open(os.path.join(wd, "summary.json")))
     assert state["last_step"] == 6
+
+
+def test_a_resumed_run_never_trains_past_num_steps(tmp_path, compile_cache):
+    """Issue 23 §1 (the seed runs trained spurious steps 81-86 after a resume). fully_async with
+    staleness 2, so the producer runs ahead of the trainer: a finished 2-step run is continued to
+    num_steps=5 and killed after step 4's update, its newest checkpoint step 3 holding prompts the
+    producer admitted for later steps. Rerun with num_steps=3 (the checkpoint is at num_steps) it
+    trains nothing and finishes step 3: no step-4 row or checkpoint, and the summary is step 3's
+    (the old code took the 2-step launch's summary.json for it and stopped). Rerun with
+    num_steps=2 (the checkpoint is past it): complete, nothing trained, nothing rewritten."""
+    wd = str(tmp_path / "run")
+    args = [*TINY, "--config.trainer.ckpt_interval=1", "--config.trainer.save_on_new_best=False",
+            "--config.trainer.async_rl.mode=fully_async", "--config.trainer.async_rl.max_staleness_steps=2",
+            "--config.trainer.algorithm.off_policy_correction.tis_ratio_type=token"]
+    out = _main(wd, *args, "--config.trainer.num_steps=2", cache=compile_cache)
+    assert out.returncode == 0, out.stderr[-3000:]
+    out = _main(wd, *args, "--config.trainer.num_steps=5", kill_at="train:4", cache=compile_cache)
+    assert out.returncode == -signal.SIGKILL, out.stderr[-3000:]
+    ckpts = os.path.join(wd, "checkpoints")
+    assert max(int(d) for d in os.listdir(ckpts) if d.isdigit()) == 3
+    state = json.loads(open(os.path.join(ckpts, "3", "trainer_state", "metadata")).read())
+    assert state["async_next_prompt"] > 3 * 4  # the producer had admitted prompts of steps after 3
+
+    out = _main(wd, *args, "--config.trainer.num_steps=3", cache=compile_cache)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [r["step"] for r in _rows(os.path.join(wd, "metrics.csv"))] == ["0", "1", "2", "3"]
+    assert sorted(int(d) for d in os.listdir(ckpts) if d.isdigit())[-1] == 3
+    summary = json.load(open(os.path.join(wd, "summary.json")))
+    assert summary["last_step"] == 3 and summary["launches"] == 3
+    assert "nothing left to train" in out.stderr, out.stderr[-3000:]
+    def outputs():  # every file but the lock and the rerun's resolved config (rewritten by every launch)
+        return {os.path.join(r, n): os.path.getmtime(os.path.join(r, n)) for r, _, ns in os.walk(wd) for n in ns
+                if n not in (".lock", "rl_config.json")}
+
+    files = outputs()
+
+    out = _main(wd, *args, "--config.trainer.num_steps=2", cache=compile_cache)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "is complete (step 3, trainer.num_steps=2)" in out.stderr, out.stderr[-3000:]
+    assert outputs() == files

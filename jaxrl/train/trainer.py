@@ -256,9 +256,11 @@ class Trainer:
         summary_path = os.path.join(self.workdir, "summary.json")
         if latest is not None and latest >= c.trainer.num_steps and os.path.exists(summary_path):
             done = read_finished_summary(summary_path)  # None: damaged, written again by the finish below
-            if done is not None:
-                print(f"jaxrl: {self.workdir} is complete (step {latest} of {c.trainer.num_steps}); see report.md. "
-                      "Raise --config.trainer.num_steps to continue training.", file=sys.stderr)
+            # A summary counts only if it is the finish of the newest checkpoint: one written by an
+            # earlier, shorter launch (the run was continued past it since) is stale.
+            if done is not None and done.get("last_step") == latest:
+                print(f"jaxrl: {self.workdir} is complete (step {latest}, trainer.num_steps={c.trainer.num_steps}); "
+                      "see report.md. Raise --config.trainer.num_steps to continue training.", file=sys.stderr)
                 self.ckpt.close()
                 return done
         with jax.set_mesh(self.mesh):
@@ -284,6 +286,9 @@ class Trainer:
                 if self.state.lr_scale != 1.0:
                     self.learner.build(self.state.lr_scale)
                 print(f"jaxrl: resuming {self.workdir} from step {start}", file=sys.stderr)
+                if start >= c.trainer.num_steps:  # never train past num_steps: only the finish is left
+                    print(f"jaxrl: step {start} reaches trainer.num_steps={c.trainer.num_steps}: nothing left to "
+                          "train; finishing the run (evaluation, export, report)", file=sys.stderr)
         logger = (RunLogger(self.workdir, resume_step=start if resumed is not None else None) if self.is_main
                   else NoLogger())
         if self.is_main:
@@ -301,7 +306,8 @@ class Trainer:
                 if ev:
                     self.state.initial_eval = ev["eval/success_rate"]
                     logger.log_step(0, {**ev, "timing/eval": self.timings["eval"]})
-            if self.is_main:  # after the initial evaluation: the producer starts generating at once
+            if self.is_main and start < c.trainer.num_steps:  # after the initial evaluation: the producer
+                # starts generating at once; a run resumed at (or past) num_steps trains nothing, so none starts
                 self.rollouts = (AsyncRollouts(c, self.prompts, self.fleet, steps_done=start,
                                                version=self.state.policy_version,
                                                next_prompt=self.state.async_next_prompt,

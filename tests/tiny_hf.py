@@ -23,12 +23,15 @@ def tiny_hf_config(**overrides):
     )
     kw.update(overrides)
     rope_theta = kw.pop("rope_theta")
+    rope_scaling = kw.pop("rope_scaling", None)  # e.g. {"rope_type": "yarn", "factor": 4.0, ...}
     cfg = Qwen3Config(**kw)
-    # transformers v5 keeps rope_theta in rope_parameters; v4 as an attribute.
+    # transformers v5 keeps rope_theta (and the scaling) in rope_parameters; v4 as attributes.
     if getattr(cfg, "rope_parameters", None) is not None:
         cfg.rope_parameters["rope_theta"] = rope_theta
+        cfg.rope_parameters.update(rope_scaling or {})
     else:
         cfg.rope_theta = rope_theta
+        cfg.rope_scaling = rope_scaling
     return cfg
 
 

@@ -19,9 +19,11 @@ import json
 import math
 import os
 import shutil
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Optional
 
 import numpy as np
+
+from jaxrl.models.rope import RopeScaling
 
 SAFE_INDEX = "model.safetensors.index.json"
 SAFE_SINGLE = "model.safetensors"
@@ -64,6 +66,9 @@ class Qwen3Config:
         flash attention on NVIDIA GPUs; 16-bit dtypes) or ``'splash'`` (Pallas TPU kernel).
       attention_block: query/key positions per block of the ``'xla'`` kernel (and the splash
         kernel's block size, rounded to a multiple of 128).
+
+    ``rope_scaling`` is config.json's YaRN scaling (:class:`jaxrl.models.rope.RopeScaling`) or
+    None for default RoPE; with it the model covers :attr:`max_context` positions.
     """
 
     vocab_size: int
@@ -83,6 +88,7 @@ class Qwen3Config:
     remat: str = "full"
     attention: str = "xla"
     attention_block: int = 512
+    rope_scaling: Optional[RopeScaling] = None
 
     def __post_init__(self):
         for f in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -112,6 +118,14 @@ class Qwen3Config:
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
 
     @property
+    def max_context(self) -> int:
+        """Positions the model covers: ``max_position_embeddings``, or with YaRN the larger of it
+        and factor x original_max_position_embeddings (Qwen3-8B with factor 4: 131,072)."""
+        if self.rope_scaling is None:
+            return self.max_position_embeddings
+        return max(self.max_position_embeddings, self.rope_scaling.max_positions)
+
+    @property
     def compute_dtype(self):
         """The jnp dtype of activations and matmul inputs."""
         import jax.numpy as jnp
@@ -129,17 +143,16 @@ class Qwen3Config:
         v5 ``rope_parameters``). ``runtime`` sets dtype/remat/attention.
 
         Raises ValueError for a model_type other than qwen3, a missing field, biases, sliding
-        window attention, a non-SiLU activation, or a RoPE scaling type other than default.
+        window attention, a non-SiLU activation, or a RoPE scaling type other than default and
+        yarn (:meth:`jaxrl.models.rope.RopeScaling.from_hf`).
         """
         mt = d.get("model_type", "qwen3")
         if mt != "qwen3":
             raise ValueError(f"config model_type={mt!r}; only dense 'qwen3' is supported")
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(
-                f"config rope type {rope_type!r} is not implemented (only 'default' RoPE); remove "
-                "rope_scaling / rope_parameters.rope_type from config.json")
+        if not isinstance(rope, dict):
+            raise ValueError(f"config rope_scaling / rope_parameters must be a JSON object or null, got {rope!r}")
+        scaling = RopeScaling.from_hf(rope, int(d.get("max_position_embeddings", 40960)))
         theta = rope.get("rope_theta", d.get("rope_theta"))
         if theta is None:
             raise ValueError("config has neither rope_theta nor rope_parameters.rope_theta")
@@ -160,6 +173,7 @@ class Qwen3Config:
             if f in d:
                 kw[f] = d[f]
         kw["rope_theta"] = float(theta)
+        kw["rope_scaling"] = scaling
         kw["tie_word_embeddings"] = bool(d.get("tie_word_embeddings", False))
         return cls(**kw, **runtime)
 
@@ -191,7 +205,7 @@ class Qwen3Config:
             "hidden_act": "silu",
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_scaling": None,
+            "rope_scaling": self.rope_scaling.to_hf() if self.rope_scaling is not None else None,
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings,
             "attention_bias": False,

@@ -46,6 +46,7 @@ from flax import nnx
 from jaxrl import parallel
 from jaxrl.models import attention as attention_lib
 from jaxrl.models import cpu_kernel
+from jaxrl.models import rope as rope_lib
 
 from jaxrl.models.hf_io import ATTENTION_IMPLS, DTYPES, PRESETS, REMAT_POLICIES, Qwen3Config  # noqa: F401
 
@@ -159,16 +160,10 @@ def rms_norm(x, scale, eps: float):
     return scale.astype(x.dtype) * y.astype(x.dtype)
 
 
-def rope_cos_sin(positions, head_dim: int, theta: float, dtype):
-    """RoPE tables for integer ``positions [B, S]`` -> ``cos, sin [B, S, head_dim]`` in ``dtype``.
-
-    ``inv_freq_j = theta^(-2j/head_dim)``, angles ``pos * inv_freq`` in float32, duplicated over the
-    two halves (HF ``cat(freqs, freqs)``), then cast to the compute dtype as HF does.
-    """
-    inv = (1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)).astype(np.float32)
-    ang = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv)
-    emb = jnp.concatenate([ang, ang], axis=-1)
-    return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
+def rope_cos_sin(positions, head_dim: int, theta: float, dtype, scaling=None):
+    """RoPE tables for integer ``positions [B, S]`` -> ``cos, sin [B, S, head_dim]`` in ``dtype``;
+    ``scaling`` a :class:`jaxrl.models.rope.RopeScaling` (YaRN) or None. See :func:`jaxrl.models.rope.cos_sin`."""
+    return rope_lib.cos_sin(positions, head_dim, theta, dtype, scaling)
 
 
 def apply_rope(x, cos, sin):
@@ -293,7 +288,7 @@ def hidden_states(params: dict, cfg: Qwen3Config, tokens, positions, segment_ids
         ``[T, T]`` mask or score matrix: memory grows linearly in T.
     """
     x = _embed(params, cfg, tokens)
-    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg.compute_dtype)
+    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg.compute_dtype, cfg.rope_scaling)
 
     def attend(q, k, v):
         out = attention_lib.causal_segment_attention(q, k, v, segment_ids, cfg.attention, cfg.attention_block)
@@ -551,7 +546,7 @@ def forward_with_cache(params: dict, cfg: Qwen3Config, tokens, positions, token_
     mask = old_valid[:, None, :] | (new_valid[:, None, :] & causal[None])              # [B, S, C]
 
     x = _embed(params, cfg, tokens)
-    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dt)
+    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dt, cfg.rope_scaling)
 
     def body(x, xs):
         p, ck, cv = xs
@@ -796,7 +791,7 @@ def prefill(ep: dict, cfg: Qwen3Config, tokens, token_mask):
     dt = cfg.compute_dtype
     token_mask = token_mask.astype(bool)
     positions = jnp.maximum(jnp.cumsum(token_mask, axis=1) - 1, 0).astype(jnp.int32)
-    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dt)      # [G, P, D]
+    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dt, cfg.rope_scaling)      # [G, P, D]
     cos, sin = cos[:, :, None], sin[:, :, None]
     segment_ids = token_mask.astype(jnp.int32)  # causal within the prompt, never to padding
     last = (P - 1 - jnp.argmax(token_mask[:, ::-1], axis=1))[:, None]           # last prompt token
@@ -925,7 +920,7 @@ def decode_step(ep: dict, cfg: Qwen3Config, tokens, positions, prompt_kv, prompt
     gen_valid = jnp.arange(C - offset) <= step
     if prompt_kv is None:
         valid = jnp.concatenate([prompt_valid.astype(bool), jnp.broadcast_to(gen_valid, (len(tokens), C - P))], 1)
-    cos, sin = rope_cos_sin(positions[:, None], cfg.head_dim, cfg.rope_theta, dt)   # [B, 1, D]
+    cos, sin = rope_cos_sin(positions[:, None], cfg.head_dim, cfg.rope_theta, dt, cfg.rope_scaling)   # [B, 1, D]
     x = jnp.take(ep["embed_tokens"], tokens, axis=0)                                 # [B, E]
     new_kv = []
     for i, p in enumerate(ep["layers"]):

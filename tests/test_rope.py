@@ -156,3 +156,41 @@ def test_yarn_engine_prefill_and_decode_match_transformers(yarn_model, layout):
         worst = max(worst, float(np.abs(np.asarray(out[0], np.float64) - ref[L + t]).max()))
     assert worst <= 1e-4, worst
 
+
+
+def test_qwen3_yarn_at_positions_past_40960_matches_transformers(tmp_path, monkeypatch):
+    """Qwen3-8B's own RoPE setting (head_dim 128, base 1e6, L = 32,768, factor 4) in a 2-layer model,
+    32 tokens at positions 40,000-40,031, 100,000-100,031 and 131,040-131,071 (position ids given,
+    so the sequence stays short). transformers computes the inverse frequencies in float32 and
+    jaxrl rounds float64 ones once, which differ by at most one float32 ulp; at position p that is
+    an angle difference of p x 6e-8 (6e-3 rad at 100,000). So the logits are compared twice: with
+    transformers' own frequencies in jaxrl's forward (everything else must agree to 1e-4 at these
+    positions), and as they are (the rounding alone: measured 7.6e-4 at 40,000, 2.9e-3 at 100,000,
+    bounded here by 1e-2)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    qwen = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    hf = make_tiny_hf_checkpoint(str(tmp_path), seed=3, rope_scaling=qwen, rope_theta=1e6,
+                                 max_position_embeddings=40960, head_dim=128)
+    cfg, params = hf_io.load_hf_checkpoint(str(tmp_path), dtype="float32", remat="none")
+    assert cfg.max_context == 131072
+    ref_inv, ref_factor = ROPE_INIT_FUNCTIONS["yarn"](hf.config)
+    ours_inv, _ = rope.inverse_frequencies(128, 1e6, cfg.rope_scaling)
+    ulp = np.spacing(np.abs(ours_inv))
+    assert (np.abs(ours_inv - ref_inv.numpy()) <= ulp).all()
+    tokens = np.random.default_rng(5).integers(0, cfg.vocab_size, 32).astype(np.int32)[None]
+    own = rope.inverse_frequencies
+
+    def logits(start, frequencies=None):
+        pos = (start + np.arange(32, dtype=np.int32))[None]
+        with torch.no_grad():
+            ref = hf(torch.tensor(tokens, dtype=torch.long), position_ids=torch.tensor(pos, dtype=torch.long))
+        if frequencies is not None:  # eager forward: no compiled trace of the other frequencies is reused
+            monkeypatch.setattr(rope, "inverse_frequencies", lambda D, theta, s=None: frequencies)
+        ours = qwen3.forward(params, cfg, tokens, pos, np.ones_like(tokens))
+        monkeypatch.setattr(rope, "inverse_frequencies", own)
+        return np.abs(np.asarray(ours, np.float64) - ref.logits.double().numpy()).max()
+
+    for start in (40000, 100000, 131040):
+        assert logits(start, (ref_inv.numpy(), float(ref_factor))) <= 1e-4, start
+        assert logits(start) <= 1e-2, start

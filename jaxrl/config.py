@@ -100,6 +100,11 @@ def base_config() -> ml_collections.ConfigDict:
     # trajectory budget (trainer.algorithm.max_seq_len / rollout_max_seq_len) applies.
     c.generator.max_input_tokens = 0
     c.generator.enable_thinking = False
+    # How conversations rendered from messages show past assistant turns (jaxrl/envs/chat.py, "Past
+    # thinking"): "" = the checkpoint's template (Qwen3's drops the reasoning of turns before the last
+    # user message); "keep_thinking" = every past turn keeps its <think> block, as rollouts
+    # (token-in/token-out) and the seed runs' template show them; the export carries that template.
+    c.generator.chat_template = ""
     # A turn cut by max_generate_length is never executed (its tool calls do not run); True runs it.
     c.generator.execute_truncated_turns = False
     c.generator.sampling_params = ml_collections.ConfigDict()
@@ -297,6 +302,8 @@ KEY_DOCS: dict[str, str] = {
     "generator.max_input_tokens": "longest input (tokens) of one turn, the agent's context; 0 = only max_seq_len",
     "generator.enable_thinking": "Qwen3 thinking mode of the chat template (False: empty <think></think> in "
                                  "the prompt)",
+    "generator.chat_template": "past turns' thinking when messages are rendered: '' = the checkpoint's "
+                               "template | keep_thinking",
     "generator.execute_truncated_turns": "run the tool calls of a turn cut by max_generate_length (False: never)",
     "generator.sampling_params.max_generate_length": "new tokens per assistant turn",
     "generator.sampling_params.temperature": "sampling temperature of training rollouts (= "
@@ -620,7 +627,9 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     900 s, verifier 120 s, the verifier sanity gate, sampling temperature 0.7 / top-p 0.95 /
     top-k 20, a 32k-token context (32,000 input tokens) and 4,096 tokens per turn. With top-p /
     top-k on at T != 1 no vLLM mode returns "full" logprobs, so `generator.logprobs_mode` is
-    "sampled" (vLLM --logprobs-mode processed_logprobs: the distribution actually sampled).
+    "sampled" (vLLM --logprobs-mode processed_logprobs: the distribution actually sampled). Thinking
+    is on, and message renderings keep the `<think>` block of past turns
+    (`generator.chat_template=keep_thinking`), as in the seed runs.
 
     Raises:
       ConfigError: for an unknown scale name.
@@ -654,6 +663,10 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     sp.temperature, sp.top_p, sp.top_k = 0.7, 0.95, 20
     c.trainer.algorithm.temperature = 0.7  # pi_old at the sampling temperature
     c.generator.logprobs_mode = "sampled"  # the only definition vLLM returns at these settings
+    # The seed runs think (chat_template_kwargs enable_thinking: true) and their vLLM renders every
+    # past assistant turn with its <think> block (qwen3_thinking_acc.jinja2): jaxrl/envs/chat.py.
+    c.generator.enable_thinking = True
+    c.generator.chat_template = "keep_thinking"
     c.data.verify_tasks = True
     c.harbor.prompt_style = "terminus"
     c.harbor.agent_timeout_sec = 900.0
@@ -812,6 +825,9 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
     _require(isinstance(g.execute_truncated_turns, bool), "generator.execute_truncated_turns", "must be True or False",
              "use False (a cut turn's tool calls never run) unless every tool is free of side effects")
     _require(g.num_sidecars >= 1, "generator.num_sidecars", "must be >= 1", "use 1 on a CPU")
+    _require(g.chat_template in ("", "keep_thinking"), "generator.chat_template",
+             f"unknown value {g.chat_template!r}", "use keep_thinking (past <think> blocks kept, as the seed runs' "
+             "template) or '' (the checkpoint's chat template)")
     _require(sp.top_k == -1 or sp.top_k >= 0, "generator.sampling_params.top_k", f"{sp.top_k} is not a valid top-k",
              "use -1 (or 0) to disable top-k, or a positive k")
     _validate_logprobs_mode(c)

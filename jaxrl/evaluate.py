@@ -89,7 +89,7 @@ def evaluate_policy(model: str, c, config_source: str = "") -> dict[str, Any]:
     t0 = time.perf_counter()
     sampler, tokenizer_dir, what = policy.load_engine(model, c, max_seq_len=config_lib.rollout_max_seq_len(c),
                                                       max_batch_rows=evaluation.engine_batch_rows(c))
-    chat = policy.training_chat_template(tokenizer_dir, c.generator.enable_thinking)
+    chat = policy.training_chat_template(tokenizer_dir, c.generator.enable_thinking, c.generator.chat_template)
     make_env, rollout_cfg, trials_root = None, evaluation.rollout_config, None
     if source.harbor is not None:  # Harbor terminal tasks: each a sandboxed trial (trial dirs in a temp folder)
         import dataclasses

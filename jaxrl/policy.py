@@ -284,15 +284,27 @@ def _load_version(sampler, model: str, version: int) -> None:
                           "or the run's best/") from e
 
 
-def training_chat_template(tokenizer_dir: str, enable_thinking: bool):
+def training_chat_template(tokenizer_dir: str, enable_thinking: bool, chat_template: str = ""):
     """The `ChatTemplate` of `tokenizer_dir` as the trainer used it: the chat template without the
-    defaults an export baked in (`hf_io.strip_prompt_format`), with `enable_thinking` passed."""
+    defaults an export baked in (`hf_io.strip_prompt_format`), with `enable_thinking` and the
+    run's `generator.chat_template` ("" or "keep_thinking"; an export of a keep_thinking run
+    already holds that template, which stays as it is).
+
+    Raises:
+      PolicyError: keep_thinking asked of a tokenizer whose template cannot keep past thinking.
+    """
     from jaxrl.envs import ChatTemplate, load_tokenizer
     from jaxrl.models import hf_io
 
     tokenizer = load_tokenizer(tokenizer_dir)
     tokenizer.chat_template = hf_io.strip_prompt_format(tokenizer.chat_template)
-    return ChatTemplate(tokenizer, enable_thinking=enable_thinking)
+    from jaxrl.envs.chat import ChatTemplateOptionError
+
+    try:
+        return ChatTemplate(tokenizer, enable_thinking=enable_thinking, chat_template=chat_template)
+    except ChatTemplateOptionError as e:
+        raise PolicyError(f"{tokenizer_dir}: the run's generator.chat_template=keep_thinking: {e.problem}. "
+                          f"Fix: {e.fix}") from None
 
 
 def baked_prompt_format(tokenizer_dir: str):

@@ -405,3 +405,47 @@ def test_plain_text_encoding_and_placeholder_characters(chat, tok):
     # Without control strings the encoding is the tokenizer's own (unchanged fidelity).
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 3?\n\n  ok"}]
     assert chat.encode_prompt(msgs) == tok.encode(chat.render(msgs), add_special_tokens=False)
+
+
+def test_keep_thinking_keeps_the_reasoning_of_past_assistant_turns(chat, tok):
+    """generator.chat_template=keep_thinking (issue 23 §2): a prompt holding earlier assistant turns
+    renders each with its <think> block, an empty one without reasoning, as the live turn is (by
+    hand); the stock template (above) drops them. The tokenizer itself is not changed, and the
+    derived template is a fixed point (an export of such a run keeps it as it is)."""
+    from jaxrl.envs.chat import keep_thinking_template
+
+    keep = ChatTemplate(tok, enable_thinking=False, chat_template="keep_thinking")
+    messages = [{"role": "user", "content": "q"},
+                {"role": "assistant", "content": "a", "reasoning_content": "r"},
+                {"role": "user", "content": "u"},
+                {"role": "assistant", "content": "b"},
+                {"role": "user", "content": "v"}]
+    ids = keep.encode_prompt(messages)
+    assert ids == _structure(tok, S, "user\nq", E, "\n", S, "assistant\n", TH, "\nr\n", TC, "\n\na", E, "\n",
+                             S, "user\nu", E, "\n", S, "assistant\n", TH, "\n\n", TC, "\n\nb", E, "\n",
+                             S, "user\nv", E, "\n", *GEN_NO_THINK)
+    assert chat.encode_prompt(messages) == _structure(tok, S, "user\nq", E, "\n", S, "assistant\na", E, "\n",
+                                                      S, "user\nu", E, "\n", S, "assistant\nb", E, "\n",
+                                                      S, "user\nv", E, "\n", *GEN_NO_THINK)
+    assert keep.template != tok.chat_template and chat.template == tok.chat_template
+    assert keep_thinking_template(tok, keep.template) == keep.template
+    # Messages without past assistant turns render as before: rollouts' prompts and observations.
+    first = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
+    assert keep.encode_prompt(first) == chat.encode_prompt(first)
+    obs = [{"role": "tool", "content": "5"}]
+    assert keep.encode_observation(obs, keep.turn_end_id) == chat.encode_observation(obs, chat.turn_end_id)
+
+
+def test_keep_thinking_refuses_a_template_it_cannot_change(tok):
+    from jaxrl.envs.chat import ChatTemplateOptionError
+
+    plain = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" \
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    other = type(tok).from_pretrained(DEFAULT_POLICY_DIR)
+    other.chat_template = plain
+    with pytest.raises(ChatTemplateOptionError, match="not Qwen3's") as e:
+        ChatTemplate(other, chat_template="keep_thinking")
+    assert "\n" not in str(e.value) and "generator.chat_template=''" in str(e.value)
+    with pytest.raises(ValueError, match="expected one of"):
+        ChatTemplate(tok, chat_template="keep_thoughts")
+    assert ChatTemplate(other, chat_template=None).template == plain  # None (the config default) = ""

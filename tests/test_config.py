@@ -1,4 +1,5 @@
 """Invalid configs fail before any work starts, naming the key and the fix."""
+import json
 import os
 import sys
 
@@ -30,6 +31,9 @@ def test_recipes_hold_the_published_settings():
     big = rloo.get_config("qwen3_8b")
     assert big.trainer.optimizer.lr == 8e-6 and big.generator.backend == "vllm"
     assert big.trainer.algorithm.max_seq_len == 32768
+    # The seed runs think and keep past <think> blocks (qwen3_thinking_acc.jinja2); the CPU scale does not.
+    assert (big.generator.enable_thinking, big.generator.chat_template) == (True, "keep_thinking")
+    assert (c.generator.enable_thinking, c.generator.chat_template) == (False, "")
     assert seqmean.get_config().trainer.algorithm.loss_reduction == "sequence_mean"
     s = symclip.get_config().trainer.algorithm
     assert (s.eps_clip_low, s.eps_clip_high, s.loss_reduction) == (0.2, 0.2, "seq_mean_token_sum_norm")
@@ -160,6 +164,18 @@ def test_trainer_rejects_bad_config_before_writing_anything(tmp_path):
         trainer.Trainer(c, str(workdir))
     assert e.value.key == "generator.sampling_params.max_generate_length"
     assert not workdir.exists()
+    # keep_thinking on a checkpoint whose chat template is not Qwen3's: one line naming the key.
+    c = rloo.get_config()
+    plain = str(tmp_path / "plain_template")
+    shutil.copytree(ckpt, plain)
+    tc = json.load(open(os.path.join(plain, "tokenizer_config.json")))
+    tc["chat_template"] = "{% for m in messages %}{{ m.content }}<|im_end|>{% endfor %}"
+    json.dump(tc, open(os.path.join(plain, "tokenizer_config.json"), "w"))
+    c.model.path, c.generator.chat_template = plain, "keep_thinking"
+    with pytest.raises(ConfigError, match="not Qwen3's") as e:
+        trainer.Trainer(c, str(workdir))
+    assert e.value.key == "generator.chat_template" and not workdir.exists()
+    c.model.path = ckpt
     # YaRN (issue 23): the limit is the extended context, factor x original_max_position_embeddings
     # (config.json rope_scaling): 4 x 512 = 2,048 positions. 1,000 new tokens fit; 2,000 do not.
     yarn = str(tmp_path / "yarn_policy")
@@ -189,6 +205,7 @@ def test_trainer_rejects_bad_config_before_writing_anything(tmp_path):
     ("trainer.seq_len_buckets", (16,), "add a bucket >= 144"),
     ("data.task", "nosuch", "unknown task 'nosuch'"),
     ("data.eval_task", "nosuch", "unknown task 'nosuch'"),
+    ("generator.chat_template", "keep_thoughts", "unknown value 'keep_thoughts'"),
 ])
 def test_review_found_values_are_rejected_up_front(key, value, match):
     """Regression: these were accepted and failed (or silently ran) after the run directory existed."""

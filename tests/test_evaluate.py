@@ -41,8 +41,10 @@ def run(tmp_path_factory):
     data = tmp / "problems.jsonl"
     _write_dataset(data)
     wd = tmp / "run"
+    # keep_thinking (issue 23): the rollouts are the same (no prompt holds a past assistant turn), and
+    # the export carries the template that keeps past <think> blocks (checked below).
     overrides = ["--config.data.task=dataset", f"--config.data.dataset_path={data}", "--config.data.eval_fraction=0.1",
-                 *SMALL]
+                 "--config.generator.chat_template=keep_thinking", *SMALL]
     out = _run("jaxrl.main", "--config=configs/rloo.py", f"--workdir={wd}", *overrides)
     assert out.returncode == 0, out.stderr[-3000:]
     return dict(wd=str(wd), out=out, overrides=overrides, data=str(data),
@@ -137,6 +139,19 @@ def test_exported_best_prompts_like_training_in_transformers(run):
     assert list(got["input_ids"] if hasattr(got, "keys") else got) == want
     gen = GenerationConfig.from_pretrained(os.path.join(run["wd"], "best"))
     assert gen.do_sample is False and gen.max_new_tokens == 16
+    # The run rendered with generator.chat_template=keep_thinking, so the export does too: a past
+    # assistant turn keeps its reasoning in transformers' rendering, as in jaxrl's (the stock Qwen3
+    # template drops it), and the training prompt defaults stay baked in.
+    history = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "C", "reasoning_content": "R"},
+               {"role": "user", "content": "u"}]
+    text = tok.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
+    assert "<|im_start|>assistant\n<think>\nR\n</think>\n\nC<|im_end|>" in text
+    keep = ChatTemplate.from_pretrained(DEFAULT_POLICY_DIR, enable_thinking=False, chat_template="keep_thinking")
+    system = [{"role": "system", "content": task.messages[0]["content"]}]
+    got = tok.apply_chat_template(history, add_generation_prompt=True)
+    assert list(got["input_ids"] if hasattr(got, "keys") else got) == keep.encode_prompt(system + history)
+    stock = ChatTemplate.from_pretrained(DEFAULT_POLICY_DIR, enable_thinking=False).render(history)
+    assert "R" not in stock
 
 
 def test_damaged_or_misnamed_policies_are_one_line_errors(run, tmp_path, capsys):

@@ -196,3 +196,76 @@ def test_multi_turn_tool_rollout_token_in_token_out_on_the_real_vocabulary(qwen3
         assert resp.count(151667) == 2 and resp.count(151657) == 1  # both turns' thinking kept, one call
         assert max(resp + t.prompt_ids.tolist()) < 151669
 
+
+
+class _TerminalLikeEnv:
+    """Observations as user messages (as the Terminus agent's terminal output is): three turns."""
+
+    tools = None
+
+    def __init__(self, task):
+        self.turn = 0
+
+    def reset(self, task):
+        return [{"role": "user", "content": "Count the files in /app."}]
+
+    def step(self, text):
+        from jaxrl.envs import StepResult
+
+        self.turn += 1
+        return StepResult([{"role": "user", "content": f"$ ls\nfile{self.turn}.txt\n"}], 0.0, self.turn >= 3, {})
+
+
+def _model_turn(k, thinking):
+    reasoning = f"Turn {k}: I should look at the directory again."
+    content = f'{{"commands": [{{"keystrokes": "ls -{k}\\n"}}]}}'
+    return reasoning, content, (f"<think>\n{reasoning}\n</think>\n\n" if thinking else "") + content
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_keep_thinking_renders_conversations_as_the_rollout_saw_them(qwen3_tok, thinking):
+    """Issue 23 §2 (the seed runs' qwen3_thinking_acc template): a three-turn episode whose
+    observations are user messages, on the real Qwen3 vocabulary. Each turn's request is the
+    previous request + the sampled ids + the observation ids (token-in/token-out), and with
+    generator.chat_template=keep_thinking the message-level rendering of the conversation so far
+    (each past turn's reasoning in `reasoning_content`) is exactly that request. The stock Qwen3
+    template renders the second and third requests otherwise (it drops the past turns' <think>
+    blocks), and the rollout's ids do not depend on the option."""
+    from jaxrl.envs import Task
+    from jaxrl.envs.chat import split_thinking
+
+    runs = {}
+    for option in ("keep_thinking", ""):
+        chat = ChatTemplate(qwen3_tok, enable_thinking=thinking, chat_template=option)
+        k = {"n": 0}
+
+        def policy(prompt, j):
+            k["n"] += 1
+            return _model_turn(k["n"], thinking)[2]
+
+        gen = ScriptedGenerator(chat, policy)
+        task = Task(messages=[{"role": "user", "content": "Count the files in /app."}], reward_spec={}, task_id="t")
+        (traj,) = run_rollouts(gen, chat, [task], SamplingParams(temperature=1.0),
+                               RolloutConfig(max_turns=3, max_tokens_per_turn=256, max_seq_len=4096),
+                               make_env=_TerminalLikeEnv)
+        runs[option] = chat, gen, traj
+    keep, gen, traj = runs["keep_thinking"]
+    stock = runs[""][0]
+    assert traj.num_turns == 3 and [c.prompt for c in gen.calls] == [c.prompt for c in runs[""][1].calls]
+    assert traj.response_ids.tolist() == runs[""][2].response_ids.tolist()
+    messages = [{"role": "user", "content": "Count the files in /app."}]
+    for t, call in enumerate(gen.calls):
+        if t:  # the prefix property: previous request + its sampled ids + the observation ids
+            prev = gen.calls[t - 1]
+            assert call.prompt[:len(prev.prompt) + len(prev.token_ids)] == prev.prompt + prev.token_ids
+        assert keep.encode_prompt(messages) == call.prompt, t
+        assert (stock.encode_prompt(messages) == call.prompt) == (t == 0), t  # stock: past turns differ
+        reasoning, content = split_thinking(qwen3_tok.decode(call.token_ids, skip_special_tokens=True))
+        want_reasoning, want_content, _ = _model_turn(t + 1, thinking)
+        assert content == want_content and reasoning == (want_reasoning if thinking else "")
+        messages += [{"role": "assistant", "content": content, "reasoning_content": reasoning},
+                     {"role": "user", "content": f"$ ls\nfile{t + 1}.txt\n"}]
+    # The whole episode: the rendering of all its turns ends with the last sampled <|im_end|>
+    # and the template's newline after it.
+    full = traj.prompt_ids.tolist() + traj.response_ids.tolist()
+    assert keep.encode_conversation(messages[:-1], add_generation_prompt=False) == full + [198]

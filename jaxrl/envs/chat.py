@@ -37,6 +37,22 @@ holds `<think>...</think>` is rendered as plain content; give past reasoning in
 `reasoning_content` and past calls in `tool_calls`, which the template renders as markup). Text
 without any added-token string is encoded exactly as before (`tokenizer.encode` of the rendering);
 the constructor checks that both paths agree on a probe conversation.
+
+Past thinking (`chat_template="keep_thinking"`, config key `generator.chat_template`). Because
+rollouts are token-in/token-out, the model always sees every earlier turn exactly as it sampled it,
+`<think>` block included: the view of the seed runs, whose vLLM rendered each turn with
+OpenThoughts-Agent's `qwen3_thinking_acc.jinja2`, which keeps the `<think>` blocks of all past
+assistant turns (so says its 24GPU_base_131k.yaml; SkyRL ships a template for the same purpose,
+`qwen3_acc_thinking.jinja2`). Qwen3's own template, by contrast, drops the
+reasoning of assistant turns before the last user message and renders a turn without reasoning
+with no `<think>` block. Whenever a conversation is rendered from messages instead (task prompts
+that hold earlier assistant turns, `jaxrl.chat`, `jaxrl.evaluate`, and the template exported with a
+trained policy, which vLLM and transformers serve it with), `keep_thinking` renders every assistant
+turn the way the template renders the live one: `<think>\n{reasoning}\n</think>\n\n{content}`
+(an empty block when there is no reasoning, which is what the model emits, or is prompted with in
+non-thinking mode). So the rendering of a conversation equals the token-in/token-out ids of its
+turns (tests/test_qwen3_vocab.py). The template is the checkpoint's own, changed at load time
+(`keep_thinking_template`): no template text is shipped.
 """
 from __future__ import annotations
 
@@ -99,6 +115,67 @@ def split_thinking(text: str) -> tuple[str, str]:
     return reasoning, content
 
 
+CHAT_TEMPLATES = ("", "keep_thinking")
+"""Values of `generator.chat_template`: "" the checkpoint's chat template as it is; "keep_thinking"
+that template rendering every past assistant turn with its `<think>` block (module docstring)."""
+
+# The two conditions of Qwen3's template that decide whether an assistant turn is rendered with its
+# reasoning: after the last real user query, and (for a turn that is not the last message) only when
+# it has reasoning. `keep_thinking` makes both true.
+_REASONING_CONDITIONS = (re.compile(r"loop\.index0\s*>\s*ns\.last_query_index"),
+                         re.compile(r"loop\.last\s+or\s+\(\s*not\s+loop\.last\s+and\s+reasoning_content\s*\)"))
+
+
+class ChatTemplateOptionError(ValueError):
+    """`generator.chat_template` cannot be applied to a checkpoint's template: `problem`, `fix`."""
+
+    def __init__(self, problem: str, fix: str):
+        super().__init__(f"generator.chat_template=keep_thinking: {problem}; {fix}")
+        self.problem, self.fix = problem, fix
+
+
+def keeps_past_thinking(tokenizer, template: str) -> bool:
+    """Whether `template` renders an assistant turn followed by a user turn with its reasoning
+    (`<think>\\nR\\n</think>\\n\\nC`) and one without reasoning with an empty block."""
+    def render(assistant):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": "q"}, {"role": "assistant", **assistant}, {"role": "user", "content": "u"}],
+            chat_template=template, tokenize=False, add_generation_prompt=True)
+
+    try:
+        with_r = render({"content": "C", "reasoning_content": "R"})
+        without = render({"content": "C"})
+    except Exception:  # noqa: BLE001 - a template that cannot render this is not one that keeps thinking
+        return False
+    return "<think>\nR\n</think>\n\nC" in with_r and "<think>\n\n</think>\n\nC" in without
+
+
+def keep_thinking_template(tokenizer, template: Optional[str] = None) -> str:
+    """The chat template (default: the tokenizer's) with every assistant turn rendered with its
+    `<think>` block, past turns included (module docstring, "Past thinking").
+
+    A template that already does so is returned unchanged (a jaxrl export of a `keep_thinking` run).
+    Otherwise the two conditions of Qwen3's template that drop past reasoning are made true, and the
+    result is checked by rendering a probe conversation.
+
+    Raises:
+      ChatTemplateOptionError: the template is not Qwen3's (it has neither condition) and does not
+        keep past thinking, so it cannot be changed safely.
+    """
+    template = template if template is not None else tokenizer.chat_template
+    if keeps_past_thinking(tokenizer, template):
+        return template
+    changed = template
+    for pattern in _REASONING_CONDITIONS:
+        changed = pattern.sub("true", changed)
+    if changed == template or not keeps_past_thinking(tokenizer, changed):
+        raise ChatTemplateOptionError(
+            "the checkpoint's chat template is not Qwen3's (it has no 'loop.index0 > ns.last_query_index' reasoning "
+            "condition) and does not keep the <think> block of past assistant turns",
+            "use a Qwen3 checkpoint's tokenizer files, or generator.chat_template=''")
+    return changed
+
+
 class ChatTemplate:
     """Renders conversations to token ids with a checkpoint's tokenizer and chat template.
 
@@ -106,17 +183,26 @@ class ChatTemplate:
       tokenizer: a `transformers` tokenizer with a `chat_template` (see `load_tokenizer`).
       enable_thinking: passed to the template as `enable_thinking`. With False the Qwen3 template
         appends an empty `<think>\\n\\n</think>\\n\\n` to every generation prompt (non-thinking mode).
+      chat_template: "" or None (the tokenizer's chat template) or "keep_thinking"
+        (`keep_thinking_template` of it); `generator.chat_template`. The tokenizer is not changed.
 
     Attributes:
+      template: the Jinja source every rendering uses.
       stop_token_ids: ids that end an assistant turn: the tokenizer's eos (`<|im_end|>` for Qwen3)
         and, when present, `<|im_end|>` and `<|endoftext|>` (Qwen3's generation_config eos list).
     """
 
-    def __init__(self, tokenizer, enable_thinking: bool = False):
+    def __init__(self, tokenizer, enable_thinking: bool = False, chat_template: Optional[str] = ""):
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("ChatTemplate: tokenizer has no chat_template")
+        chat_template = chat_template or ""  # None (the config default) = ""
+        if chat_template not in CHAT_TEMPLATES:
+            raise ValueError(f"chat_template={chat_template!r}; expected one of {CHAT_TEMPLATES}")
         self.tokenizer = tokenizer
         self.enable_thinking = bool(enable_thinking)
+        self.chat_template = chat_template
+        self.template: str = (keep_thinking_template(tokenizer) if chat_template == "keep_thinking"
+                              else tokenizer.chat_template)
         stop = []
         for tok in (tokenizer.eos_token, "<|im_end|>", "<|endoftext|>"):
             tid = tokenizer.convert_tokens_to_ids(tok) if tok else None
@@ -141,16 +227,17 @@ class ChatTemplate:
         self._check_structured_encoding()
 
     @classmethod
-    def from_pretrained(cls, path: str, enable_thinking: bool = False) -> "ChatTemplate":
-        """`ChatTemplate(load_tokenizer(path), enable_thinking)`."""
-        return cls(load_tokenizer(path), enable_thinking=enable_thinking)
+    def from_pretrained(cls, path: str, enable_thinking: bool = False,
+                        chat_template: Optional[str] = "") -> "ChatTemplate":
+        """`ChatTemplate(load_tokenizer(path), enable_thinking, chat_template)`."""
+        return cls(load_tokenizer(path), enable_thinking=enable_thinking, chat_template=chat_template)
 
     # ---- text ---------------------------------------------------------------------------------
     def render(self, messages: Sequence[Message], tools: Optional[Sequence[dict]] = None,
                add_generation_prompt: bool = True) -> str:
         """The chat template's text for `messages` (and `tools`, a list of JSON tool schemas)."""
         return self.tokenizer.apply_chat_template(
-            list(messages), tools=list(tools) if tools else None, tokenize=False,
+            list(messages), tools=list(tools) if tools else None, tokenize=False, chat_template=self.template,
             add_generation_prompt=add_generation_prompt, enable_thinking=self.enable_thinking)
 
     def encode_text(self, text: str) -> list[int]:
@@ -344,12 +431,16 @@ class PromptFormat:
       enable_thinking: the chat template's `enable_thinking` (`generator.enable_thinking`).
       num_system_prompts: distinct system messages among the training prompts (0 = none).
       tools: tool names the training prompts offer (their schemas are rendered in the prompt).
+      template: the chat template the run rendered with when it is not the checkpoint's own
+        (`generator.chat_template=keep_thinking`: `ChatTemplate.template`), which an export writes
+        in place of the checkpoint's; None = the checkpoint's.
     """
 
     system_prompt: Optional[str]
     enable_thinking: bool
     num_system_prompts: int = 0
     tools: tuple = ()
+    template: Optional[str] = None
 
     @classmethod
     def of_tasks(cls, tasks: Sequence[Any], enable_thinking: bool) -> "PromptFormat":

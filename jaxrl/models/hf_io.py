@@ -682,10 +682,12 @@ def read_prompt_format(template: str) -> dict | None:
 
 
 def write_prompt_format(out_dir: str, system_prompt: str | None, enable_thinking: bool,
-                        generation: Mapping | None = None) -> list[str]:
+                        generation: Mapping | None = None, template: str | None = None) -> list[str]:
     """Makes an exported checkpoint reproduce its training prompt format by default.
 
-    Bakes the format (`bake_prompt_format`) into every chat template of `out_dir` (the
+    With `template` (the chat template the run rendered with, e.g. the `keep_thinking` one of
+    `jaxrl.envs.chat`), it replaces the copied checkpoint's chat templates first. Then bakes the
+    format (`bake_prompt_format`) into every chat template of `out_dir` (the
     `chat_template` of tokenizer_config.json and `chat_template.jinja`, whichever exist; both
     are read by transformers and vLLM), and merges `generation` into generation_config.json
     (created if missing); keys whose value is None are removed (e.g. `temperature` for greedy
@@ -704,12 +706,14 @@ def write_prompt_format(out_dir: str, system_prompt: str | None, enable_thinking
         with open(tc_path) as f:
             tc = json.load(f)
         if isinstance(tc.get("chat_template"), str):
-            tc["chat_template"] = bake_prompt_format(tc["chat_template"], system_prompt, enable_thinking)
+            tc["chat_template"] = bake_prompt_format(template if template is not None else tc["chat_template"],
+                                                     system_prompt, enable_thinking)
             atomic_write_json(tc_path, tc)
             written.append("tokenizer_config.json")
     if os.path.exists(jinja_path):
         with open(jinja_path) as f:
-            atomic_write_text(jinja_path, bake_prompt_format(f.read(), system_prompt, enable_thinking))
+            text = f.read() if template is None else template
+            atomic_write_text(jinja_path, bake_prompt_format(text, system_prompt, enable_thinking))
         written.append("chat_template.jinja")
     if not written:
         raise ValueError(f"{out_dir}: no chat template (tokenizer_config.json 'chat_template' or chat_template.jinja)"

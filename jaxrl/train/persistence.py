@@ -197,7 +197,8 @@ class Checkpoints:
             hf_io.save_hf_checkpoint(params, self.model_cfg, tmp, dtype="float32", tokenizer_dir=self.model_dir)
             shutil.copy(os.path.join(self.workdir, "rl_config.json"), os.path.join(tmp, "rl_config.json"))
             if prompt_format is not None:
-                hf_io.write_prompt_format(tmp, prompt_format.system_prompt, prompt_format.enable_thinking, generation)
+                hf_io.write_prompt_format(tmp, prompt_format.system_prompt, prompt_format.enable_thinking, generation,
+                                          template=prompt_format.template)
             shutil.rmtree(out, ignore_errors=True)
             os.replace(tmp, out)
 

@@ -125,7 +125,8 @@ class AsyncRollouts:
             from jaxrl.envs import ChatTemplate
 
             return ChatTemplate.from_pretrained(self.fleet.model_dir,
-                                                enable_thinking=self.c.generator.enable_thinking)
+                                                enable_thinking=self.c.generator.enable_thinking,
+                                                chat_template=self.c.generator.chat_template)
 
     def _generate_unit(self, step: int, prompt_indexes, attempts):
         """One unit's rollouts: [(prompt index, its n trajectories, its episode delay)]."""

@@ -23,6 +23,7 @@ asynchronous modes what is exact after a kill is stated in docs/async.md.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -36,7 +37,7 @@ from jaxrl import config as config_lib
 from jaxrl import parallel
 from jaxrl.config import write_json_atomic
 from jaxrl.envs import DEFAULT_POLICY_DIR, ChatTemplate
-from jaxrl.envs.chat import PromptFormat
+from jaxrl.envs.chat import ChatTemplateOptionError, PromptFormat
 from jaxrl.fileio import output_dir_problem
 from jaxrl.models import hf_io, qwen3
 from jaxrl.rollout.types import SamplingParams
@@ -102,7 +103,11 @@ class Trainer:
                 f"more than the model's {limit}",
                 "lower max_generate_length / max_turns / data.max_prompt_length, or cap trajectories with "
                 "trainer.algorithm.max_seq_len")
-        self.chat = ChatTemplate.from_pretrained(self.model_dir, enable_thinking=c.generator.enable_thinking)
+        try:
+            self.chat = ChatTemplate.from_pretrained(self.model_dir, enable_thinking=c.generator.enable_thinking,
+                                                     chat_template=c.generator.chat_template)
+        except ChatTemplateOptionError as e:
+            raise config_lib.ConfigError("generator.chat_template", e.problem, e.fix) from None
         self.prompts = PromptSource(c)
         self._check_prompt_lengths(self.prompts.train_tasks, c.data.dataset_path)
         if self.is_main and self.prompts.overlap_warning():
@@ -471,6 +476,8 @@ class Trainer:
             summary["best_eval"] = ev.get("eval/success_rate")
             if c.trainer.export_best:
                 fmt = PromptFormat.of_tasks(self.prompts.training_tasks(), c.generator.enable_thinking)
+                if c.generator.chat_template:  # the exported template is the one the run rendered with
+                    fmt = dataclasses.replace(fmt, template=self.chat.template)
                 self.ckpt.export_hf(params, self.is_main, prompt_format=fmt,
                                     generation=evaluation.generation_config(c, self.chat))
         summary["wall_s"], summary["launches"] = clock.total(), clock.launches

@@ -176,20 +176,21 @@ def test_trainer_rejects_bad_config_before_writing_anything(tmp_path):
         trainer.Trainer(c, str(workdir))
     assert e.value.key == "generator.chat_template" and not workdir.exists()
     c.model.path = ckpt
-    # YaRN (issue 23): the limit is the extended context, factor x original_max_position_embeddings
-    # (config.json rope_scaling): 4 x 512 = 2,048 positions. 1,000 new tokens fit; 2,000 do not.
+    # YaRN (issue 23): a config.json that adds only rope_scaling (factor 4 over 512 positions) is
+    # told how to use the 2,048 positions; with max_position_embeddings 2048, 1,000 new tokens fit.
     yarn = str(tmp_path / "yarn_policy")
     make_tiny_hf_checkpoint(yarn, rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                                 "original_max_position_embeddings": 512})
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(DEFAULT_POLICY_DIR, name), yarn)
     c.model.path = yarn
-    c.generator.sampling_params.max_generate_length = 2000
+    c.generator.sampling_params.max_generate_length = 1000
     c.trainer.seq_len_buckets = (4096,)
-    with pytest.raises(ConfigError, match="more than the model's YaRN context of 2048 positions") as e:
+    with pytest.raises(ConfigError, match="covers 2048 positions: set \"max_position_embeddings\": 2048") as e:
         trainer.Trainer(c, str(workdir))
     assert not workdir.exists()
-    c.generator.sampling_params.max_generate_length = 1000
+    cfg = json.load(open(os.path.join(yarn, "config.json")))
+    json.dump({**cfg, "max_position_embeddings": 2048}, open(os.path.join(yarn, "config.json"), "w"))
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, 8  # past the context check, the mesh check refuses
     c.trainer.micro_batch_size = 8
     with pytest.raises(ConfigError, match="mesh"):

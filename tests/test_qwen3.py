@@ -64,7 +64,7 @@ def test_config_v4_and_v5_rope_keys_and_head_dim():
     assert v4.rope_theta == 5e6 and v4.head_dim == 32 and v4.rms_norm_eps == 1e-5 and v4.tie_word_embeddings
     yarn = Qwen3Config.from_hf_dict({**base, "rope_theta": 1e6, "max_position_embeddings": 40960,
                                      "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})  # tests/test_rope.py
-    assert yarn.rope_scaling.original_max_position_embeddings == 40960 and yarn.max_context == 163840
+    assert yarn.rope_scaling.original_max_position_embeddings == 40960 and yarn.rope_scaling.max_positions == 163840
     with pytest.raises(ValueError, match="linear"):
         Qwen3Config.from_hf_dict({**base, "rope_parameters": {"rope_type": "linear", "rope_theta": 1e6}})
     no_hd = dict(base, rope_theta=1e6)

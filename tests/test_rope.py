@@ -76,7 +76,11 @@ def test_qwen3_8b_yarn_config_reads_and_writes_config_json(tmp_path):
                                    "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
                                                        "original_max_position_embeddings": 32768}})
     assert v4 == v5 and v4.rope_scaling == rope.RopeScaling(4.0, 32768)
-    assert v4.max_context == 131072 and Qwen3Config.preset("8B").max_context == 40960
+    # Qwen's edit adds rope_scaling only; transformers and vLLM take max_position_embeddings as the
+    # extended context, so it must be raised to use the 131,072 positions (the hint says so).
+    assert "set \"max_position_embeddings\": 131072" in v4.yarn_context_hint
+    assert v4.replace(max_position_embeddings=131072).yarn_context_hint == ""
+    assert Qwen3Config.preset("8B").yarn_context_hint == ""
     (tmp_path / "config.json").write_text(json.dumps(v4.to_hf_dict()))
     hf = AutoConfig.from_pretrained(str(tmp_path))
     assert hf.rope_parameters["rope_type"] == "yarn" and hf.rope_parameters["factor"] == 4.0
@@ -111,7 +115,7 @@ def yarn_model(tmp_path_factory):
     hf = make_tiny_hf_checkpoint(path, seed=3, rope_scaling=YARN, **TINY)
     assert json.load(open(f"{path}/config.json"))["rope_parameters"]["rope_type"] == "yarn"
     cfg, params = hf_io.load_hf_checkpoint(path, dtype="float32", remat="none")
-    assert cfg.rope_scaling == rope.RopeScaling(4.0, 64) and cfg.max_context == 256
+    assert cfg.rope_scaling == rope.RopeScaling(4.0, 64) and cfg.max_position_embeddings == 256
     tokens = np.random.default_rng(5).integers(0, cfg.vocab_size, T).astype(np.int32)
     with torch.no_grad():
         ref = hf(torch.tensor(tokens[None], dtype=torch.long)).logits[0].double().numpy()
@@ -173,7 +177,6 @@ def test_qwen3_yarn_at_positions_past_40960_matches_transformers(tmp_path, monke
     hf = make_tiny_hf_checkpoint(str(tmp_path), seed=3, rope_scaling=qwen, rope_theta=1e6,
                                  max_position_embeddings=40960, head_dim=128)
     cfg, params = hf_io.load_hf_checkpoint(str(tmp_path), dtype="float32", remat="none")
-    assert cfg.max_context == 131072
     ref_inv, ref_factor = ROPE_INIT_FUNCTIONS["yarn"](hf.config)
     ours_inv, _ = rope.inverse_frequencies(128, 1e6, cfg.rope_scaling)
     ulp = np.spacing(np.abs(ours_inv))

@@ -68,7 +68,9 @@ class Qwen3Config:
         kernel's block size, rounded to a multiple of 128).
 
     ``rope_scaling`` is config.json's YaRN scaling (:class:`jaxrl.models.rope.RopeScaling`) or
-    None for default RoPE; with it the model covers :attr:`max_context` positions.
+    None for default RoPE. As in transformers and vLLM (0.32), ``max_position_embeddings`` is the
+    context the model covers, YaRN's extended one included (131,072 for Qwen3 with factor 4);
+    :attr:`yarn_context_hint` says when config.json sets it lower than the scaling covers.
     """
 
     vocab_size: int
@@ -118,12 +120,15 @@ class Qwen3Config:
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
 
     @property
-    def max_context(self) -> int:
-        """Positions the model covers: ``max_position_embeddings``, or with YaRN the larger of it
-        and factor x original_max_position_embeddings (Qwen3-8B with factor 4: 131,072)."""
-        if self.rope_scaling is None:
-            return self.max_position_embeddings
-        return max(self.max_position_embeddings, self.rope_scaling.max_positions)
+    def yarn_context_hint(self) -> str:
+        """"" or, when YaRN covers more positions than ``max_position_embeddings`` (Qwen's model
+        card adds only rope_scaling to config.json), how to use them: one sentence."""
+        if self.rope_scaling is None or self.rope_scaling.max_positions <= self.max_position_embeddings:
+            return ""
+        return (f"config.json's YaRN rope_scaling covers {self.rope_scaling.max_positions} positions: set "
+                f"\"max_position_embeddings\": {self.rope_scaling.max_positions} there to use them (transformers "
+                "and vLLM take max_position_embeddings as the extended context, and vLLM refuses a longer "
+                "--max-model-len)")
 
     @property
     def compute_dtype(self):

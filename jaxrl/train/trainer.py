@@ -93,14 +93,13 @@ class Trainer:
         self.model_cfg = qwen3.Qwen3Config.from_pretrained(
             self.model_dir, dtype=c.model.compute_dtype, remat=c.model.remat, attention=c.model.attention_impl)
         need = config_lib.rollout_max_seq_len(c)
-        if need > self.model_cfg.max_context:  # max_position_embeddings, or YaRN's extended context
-            limit = (f"max_position_embeddings={self.model_cfg.max_position_embeddings}"
-                     if self.model_cfg.rope_scaling is None else
-                     f"YaRN context of {self.model_cfg.max_context} positions (config.json rope_scaling)")
+        if need > self.model_cfg.max_position_embeddings:  # YaRN's extended context included
+            hint = self.model_cfg.yarn_context_hint
             raise config_lib.ConfigError(
                 "generator.sampling_params.max_generate_length",
                 f"a trajectory may reach {need} tokens (data.max_prompt_length + max_turns x max_generate_length), "
-                f"more than the model's {limit}",
+                f"more than the model's max_position_embeddings={self.model_cfg.max_position_embeddings}"
+                + (f" ({hint})" if hint else ""),
                 "lower max_generate_length / max_turns / data.max_prompt_length, or cap trajectories with "
                 "trainer.algorithm.max_seq_len")
         try:

@@ -294,12 +294,11 @@ def training_chat_template(tokenizer_dir: str, enable_thinking: bool, chat_templ
       PolicyError: keep_thinking asked of a tokenizer whose template cannot keep past thinking.
     """
     from jaxrl.envs import ChatTemplate, load_tokenizer
+    from jaxrl.envs.chat import ChatTemplateOptionError
     from jaxrl.models import hf_io
 
     tokenizer = load_tokenizer(tokenizer_dir)
     tokenizer.chat_template = hf_io.strip_prompt_format(tokenizer.chat_template)
-    from jaxrl.envs.chat import ChatTemplateOptionError
-
     try:
         return ChatTemplate(tokenizer, enable_thinking=enable_thinking, chat_template=chat_template)
     except ChatTemplateOptionError as e:

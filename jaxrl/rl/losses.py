@@ -119,8 +119,10 @@ class LossConfig:
         independent (e.g. 0.2 / 0.05 or 0.2 / 0.28). 0 <= eps_clip_low < 1, eps_clip_high >= 0.
       clip_ratio_c: dual-clip constant c > 1 (Ye et al. 2020): for A < 0 the loss is capped at
         −c·A.
-      cispo_eps_clip_low, cispo_eps_clip_high: CISPO weight clamp [1 − low, 1 + high] (ScaleRL
-        defaults 1.0 / 4.0, i.e. [0, 5]).
+      cispo_eps_clip_low, cispo_eps_clip_high: CISPO weight clamp [1 − low, 1 + high]; defaults
+        1.0 / 4.0, i.e. [0, 5] (ScaleRL's bounds: the ratio truncated from above only, as MiniMax-M1).
+        SkyRL's defaults 0.0 / 5.0 give [1, 6], which raises every weight below 1 to 1; pass them
+        to reproduce SkyRL (docs/recipes.md).
       cispo_anchor: "old" (r = π/π_old) or "rollout" (r = π/μ; incompatible with TIS).
       sapo_tau_pos, sapo_tau_neg: SAPO gate temperatures for A > 0 and A <= 0 (SkyRL
         `sapo.tau_pos` 1.0, `sapo.tau_neg` 1.05); both > 0.

@@ -478,7 +478,8 @@ class Trainer:
         best = self.state.best_ckpt_step
         summary: dict[str, Any] = {"last_step": last_step, "best_step": best, "best_ema": self.state.best_ckpt_ema,
                                    "initial_eval": self.state.initial_eval,
-                                   "heldout": evaluation.describe(c, self.prompts)}
+                                   "heldout": evaluation.describe(c, self.prompts),
+                                   "eval_n": len(self.prompts.eval_batch()) if c.data.num_eval_prompts else 0}
         # The final step's policy: evaluated at that step, else (a collapse stop, or a resumed run
         # whose last step was checkpointed before its end) now, on the served weights of that step.
         if getattr(self, "_eval_step", None) == last_step:

@@ -48,8 +48,17 @@ def _main(argv):
         cli.usage_error(f"unexpected arguments: {argv[1:]}")
     if _CONFIG.value is None:
         cli.usage_error("--config is required, e.g. --config=configs/rloo.py")
+    from jaxrl.config import ConfigError, check_inputs_first
+
+    config = _CONFIG.value
+    try:  # the inputs (model, data) and key types, before JAX is imported: a bad path fails in a second
+        check_inputs_first(config)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError:
+        pass  # a recipe file that cannot be loaded is reported below
     from jaxrl import gpu_memory, parallel
-    from jaxrl.config import ConfigError
 
     try:  # the trainer's share of each GPU, before any JAX backend starts
         gpu_memory.apply_trainer_env(_CONFIG.value)

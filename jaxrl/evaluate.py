@@ -163,7 +163,17 @@ def main(argv):
     print(f"held-out success: {100 * r['success_rate']:.1f}% ({r['num_successes']} of {r['num_prompts']}); "
           f"mean reward {r['avg_reward']:.3f}; {r['seconds']:.1f} s", flush=True)
     if _OUTPUT.value:
-        write_json_atomic(_OUTPUT.value, r)
+        try:
+            write_json_atomic(_OUTPUT.value, r)  # atomic: a full disk leaves no partial file
+        except OSError as e:
+            from jaxrl import fileio
+
+            path = fileio.disk_full_path(e, os.path.dirname(os.path.abspath(_OUTPUT.value)))
+            if path is None:
+                raise
+            print("error: " + fileio.disk_full_message(path, os.path.dirname(os.path.abspath(_OUTPUT.value)),
+                                                       "rerun the same command", e), file=sys.stderr)
+            sys.exit(1)
         print(f"wrote {_OUTPUT.value}")
 
 

@@ -247,6 +247,25 @@ def test_env_errors_end_only_that_trajectory(chat):
     assert broken.num_turns == 1 and broken.loss_mask.all()
 
 
+class _FullDiskEnv(_BrokenEnv):
+    def step(self, text):
+        import errno
+
+        raise OSError(errno.ENOSPC, "No space left on device", "/run/trials/t1/agent.log")
+
+
+def test_a_full_disk_in_an_env_stops_the_rollouts_not_one_trajectory(chat):
+    """Issue 25 §4: an env that cannot write its trial folder (ENOSPC) raised a per-trajectory
+    env_error on main, so a run on a full disk went on with every trajectory excluded; now the
+    OSError reaches the caller (jaxrl.main reports it in one line). Other errors stay env_errors."""
+    suite = get_task_suite("arithmetic")
+    tasks = [suite.make_task(1, "+", 1), suite.make_task(2, "+", 2)]
+    gen = ScriptedGenerator(chat, lambda p, j: "<answer>2</answer>")
+    with pytest.raises(OSError, match="No space left on device"):
+        run_rollouts(gen, chat, tasks, SamplingParams(), RolloutConfig(max_turns=3),
+                     make_env=lambda task: _FullDiskEnv() if task.task_id == tasks[1].task_id else make_env(task))
+
+
 def test_env_workers_and_seeds_and_stop_ids(chat):
     tasks = calc_tasks([(347, 86), (120, 11)])
     params = SamplingParams(seed=5, stop_token_ids=(7,))

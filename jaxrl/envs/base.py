@@ -55,6 +55,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import math
+import os
 from typing import Any, Callable, NamedTuple, Optional, Protocol, Sequence
 
 import numpy as np
@@ -450,7 +451,18 @@ def _safe_finish(conv: _Conversation):
             raise ValueError(f"env.finish returned a non-finite reward {reward}; rewards must be finite numbers")
         return reward, dict(info or {})
     except Exception as e:  # noqa: BLE001 -- a failing env ends that trajectory, not the batch
+        _raise_if_disk_full(e)
         return e
+
+
+def _raise_if_disk_full(e: BaseException) -> None:
+    """A full disk (ENOSPC / EDQUOT while an env writes its trial folder, logs, ...) is no env
+    failure of one trajectory: it stops the run (`jaxrl.main` reports it in one line) instead of
+    turning every later trajectory into an excluded env_error."""
+    from jaxrl.fileio import disk_full_path
+
+    if disk_full_path(e, os.sep) is not None:
+        raise e
 
 
 def _safe_close(env) -> Optional[Exception]:
@@ -474,6 +486,7 @@ def _safe_step(conv: _Conversation, text: str, method: str = "step"):
             raise ValueError(f"env.step returned a non-finite reward {reward}; rewards must be finite numbers")
         return StepResult(list(observations or []), reward, bool(done), dict(info or {}))
     except Exception as e:  # noqa: BLE001 -- an env failure ends that trajectory, not the batch
+        _raise_if_disk_full(e)
         return e
 
 

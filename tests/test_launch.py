@@ -421,3 +421,41 @@ def test_engine_dying_mid_run_stops_the_trainer_and_the_job(tmp_path):
     assert (out / "trainer_0.json").exists()  # the trainer had started and was stopped
     job = _job_dirs(tmp_path)[0]
     assert not (job / "leftover_steps.txt").exists()
+
+
+def test_local_multiprocess_forwards_sigterm_to_every_process(tmp_path):
+    """Issue 25 §5: SIGTERM to launch/local_multiprocess.sh reaches every JAX process (each then
+    stops gracefully and says how to resume); on main the script died alone and left its processes
+    running. The processes here are a stand-in `python` on PATH that records the signal it gets."""
+    import signal
+    import time
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "log"
+    fake = bin_dir / "python"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    f"trap 'echo \"$JAXRL_PROCESS_ID TERM\" >> {log}; exit 143' TERM\n"
+                    f"echo \"$JAXRL_PROCESS_ID started $$\" >> {log}\n"
+                    "while :; do sleep 0.05; done\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen(["bash", "launch/local_multiprocess.sh", "2", str(tmp_path / "run")], cwd=ROOT, env=env)
+    try:
+        for _ in range(600):  # until both processes run (at most 60 s on a loaded host)
+            if log.exists() and log.read_text().count("started") == 2:
+                break
+            time.sleep(0.1)
+        assert log.read_text().count("started") == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143
+        assert sorted(line for line in log.read_text().splitlines() if "TERM" in line) == ["0 TERM", "1 TERM"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for line in (log.read_text().splitlines() if log.exists() else []):  # stand-ins left behind (main)
+            if "started" in line:
+                try:
+                    os.kill(int(line.split()[-1]), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass

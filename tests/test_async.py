@@ -422,7 +422,7 @@ def test_fully_async_runs_the_critic_and_kl_in_reward_like_sync(tmp_path, compil
 
 def test_fully_async_killed_during_training_and_during_a_weight_load_resumes_exactly(tmp_path, compile_cache):
     """fully_async, staleness 1, TIS, slow jittered episodes so that groups complete out of order
-    and some go stale; checkpoints every 2 steps. Killed (kill -9) after step 3's update, then the
+    and some go stale; checkpoints every 2 steps. Stopped by SIGTERM after step 3's update, then the
     rerun killed while the sidecars load version 5, then a rerun to step 6. Every committed step's
     log row survives unchanged, every step 1..6 is logged once, no prompt is trained twice, every
     trained group is whole and at most 1 version stale, and the dropped trajectories are counted."""
@@ -434,7 +434,9 @@ def test_fully_async_killed_during_training_and_during_a_weight_load_resumes_exa
             "--config.generator.episode_delay_s=0.4", "--config.generator.episode_delay_jitter=1.0",
             "--config.data.num_eval_prompts=0", "--config.trainer.export_best=False"]
     committed = {}
-    for kill_at, resumed_from in (("train:3", None), ("load:5", 2), (None, 4)):
+    # The first stop is SIGTERM (a scheduler's; issue 25 §5): handled like Ctrl-C with the producer
+    # thread running ahead, one line on how to resume, exit 143; the second is kill -9.
+    for kill_at, resumed_from in (("train:3:SIGTERM", None), ("load:5", 2), (None, 4)):
         out = _main(wd, *args, kill_at=kill_at, cache=compile_cache)
         if resumed_from is not None:
             assert f"resuming {wd} from step {resumed_from}" in out.stderr, out.stderr[-3000:]
@@ -443,7 +445,13 @@ def test_fully_async_killed_during_training_and_during_a_weight_load_resumes_exa
                 if int(step) <= resumed_from:  # (columns first logged by a later step are empty in it)
                     assert {k: v for k, v in rows[step].items() if k in row} == row, step
                     assert all(v == "" for k, v in rows[step].items() if k not in row), step
-        if kill_at:
+        if kill_at and kill_at.endswith("SIGTERM"):
+            assert out.returncode == 143, out.stderr[-3000:]
+            assert out.stderr.strip().splitlines()[-1] == (
+                f"interrupted (SIGTERM); rerun the same command to resume {wd} from its last checkpoint")
+            assert "Traceback" not in out.stderr, out.stderr[-3000:]
+            committed = {r["step"]: r for r in _rows(os.path.join(wd, "metrics.csv"))}
+        elif kill_at:
             assert out.returncode == -signal.SIGKILL, out.stderr[-3000:]
             if kill_at == "load:5":  # killed after version 5 was committed for the sidecars, before step 5's checkpoint
                 assert os.path.isdir(weight_sync.version_path(os.path.join(wd, "sync"), 5))

@@ -109,9 +109,14 @@ def evaluate_policy(model: str, c, config_source: str = "") -> dict[str, Any]:
 
             shutil.rmtree(trials_root, ignore_errors=True)
     rate = result["eval/success_rate"]
+    from jaxrl.train.batching import is_excluded
+
+    scored = [t for t in trajs if not is_excluded(t)]  # an env_error / invalid_output is not scored (evaluation.score)
     return {
-        "success_rate": rate, "avg_reward": result["eval/avg_reward"], "num_prompts": len(trajs),
-        "num_successes": sum(t.reward >= c.trainer.success_threshold for t in trajs), "heldout": evaluation.describe(c, source),
+        "success_rate": rate, "success_rate_stderr": result["eval/success_rate_stderr"],
+        "avg_reward": result["eval/avg_reward"], "num_prompts": len(scored), "num_excluded": len(trajs) - len(scored),
+        "num_successes": sum(t.reward >= c.trainer.success_threshold for t in scored),
+        "heldout": evaluation.describe(c, source),
         "model": what, "config": config_source, "seconds": time.perf_counter() - t0,
         "results": [{"task_id": task.task_id, "prompt": chat.tokenizer.decode(list(t.prompt_ids)),
                      "response": chat.tokenizer.decode(list(t.response_ids)), "reward": float(t.reward),
@@ -160,7 +165,9 @@ def main(argv):
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)
     print(f"jaxrl evaluate: {r['model']} on the held-out set of {source}: {r['heldout']}")
-    print(f"held-out success: {100 * r['success_rate']:.1f}% ({r['num_successes']} of {r['num_prompts']}); "
+    excluded = f", {r['num_excluded']} excluded (env_error / invalid_output)" if r["num_excluded"] else ""
+    print(f"held-out success: {100 * r['success_rate']:.1f}% ± {100 * r['success_rate_stderr']:.1f}% "
+          f"({r['num_successes']} of {r['num_prompts']}{excluded}); "
           f"mean reward {r['avg_reward']:.3f}; {r['seconds']:.1f} s", flush=True)
     if _OUTPUT.value:
         try:

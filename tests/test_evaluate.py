@@ -51,8 +51,9 @@ def run(tmp_path_factory):
                 summary=json.load(open(wd / "summary.json")))
 
 
-def _pct(x):
-    return f"{100 * x:.1f}%"
+def _pct(x, n=None):
+    """As the report prints a held-out rate: with n prompts, ± one binomial standard error, by hand."""
+    return f"{100 * x:.1f}%" + (f" ± {100 * (x * (1 - x) / n) ** 0.5:.1f}%" if n else "")
 
 
 def test_dataset_run_reports_start_best_and_final_held_out_success(run):
@@ -65,13 +66,15 @@ def test_dataset_run_reports_start_best_and_final_held_out_success(run):
     assert s["heldout"] == "16 prompts of 10% of data.dataset_path held out (split seed 0), greedy, success = reward >= 1"
     assert s["initial_eval"] == evals[0] and s["final_eval"] == evals[2] and s["best_eval"] is not None
     report = open(os.path.join(wd, "report.md")).read()
-    assert (f"- held-out success ({s['heldout']}): start {_pct(s['initial_eval'])} -> best-EMA checkpoint (step "
-            f"{s['best_step']}) {_pct(s['best_eval'])}; final step (2) {_pct(s['final_eval'])}") in report
+    n = s["eval_n"]
+    assert n == 16
+    assert (f"- held-out success ({s['heldout']}): start {_pct(s['initial_eval'], n)} -> best-EMA checkpoint (step "
+            f"{s['best_step']}) {_pct(s['best_eval'], n)}; final step (2) {_pct(s['final_eval'], n)}") in report
     # The console summary: a few lines on stdout after the run.
     out = run["out"].stdout
     assert f"jaxrl: run finished: {wd}" in out
-    assert (f"held-out success: start {_pct(s['initial_eval'])}, best-EMA {_pct(s['best_eval'])}, final step "
-            f"{_pct(s['final_eval'])}") in out
+    assert (f"held-out success: start {_pct(s['initial_eval'], n)}, best-EMA {_pct(s['best_eval'], n)}, final step "
+            f"{_pct(s['final_eval'], n)}") in out
     assert f"best step by reward EMA: {s['best_step']}" in out and re.search(r"steps: 2 in [\d.]+ min", out)
     assert f"report: {os.path.join(wd, 'report.md')}" in out and f"python -m jaxrl.chat --model {wd}/best" in out
     # No held-out prompt was trained on.
@@ -86,7 +89,7 @@ def test_evaluate_reproduces_the_reports_numbers(run, tmp_path):
     wd, s = run["wd"], run["summary"]
     best = _run("jaxrl.evaluate", f"--model={wd}/best", f"--output={tmp_path}/best.json")
     assert best.returncode == 0, best.stderr[-3000:]
-    assert f"held-out success: {_pct(s['best_eval'])} (" in best.stdout
+    assert f"held-out success: {_pct(s['best_eval'], 16)} (" in best.stdout
     r = json.load(open(tmp_path / "best.json"))
     assert r["success_rate"] == s["best_eval"] and r["num_prompts"] == 16
     # The success rule, checked here: the answer tag holds the task's result.

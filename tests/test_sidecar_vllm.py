@@ -63,9 +63,9 @@ def published(tmp_path_factory):
     ckpt, sync, outside = str(root / "ckpt"), str(root / "sync"), str(root / "outside")
     make_tiny_hf_checkpoint(ckpt, seed=0)
     _, params = hf_io.load_hf_checkpoint(ckpt)
-    ws.publish(params, sync, 1)
-    ws.publish(params, sync, 2)
-    ws.publish(params, outside, 3)
+    ws.publish(params, sync, 1, dtype="bfloat16")  # as a bf16 trainer publishes (the default keeps float32)
+    ws.publish(params, sync, 2, dtype="bfloat16")
+    ws.publish(params, outside, 3, dtype="bfloat16")
     return dict(ckpt=ckpt, sync=sync, outside=outside)
 
 

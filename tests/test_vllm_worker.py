@@ -39,7 +39,7 @@ def _published(tmp_path, **overrides):
     ckpt, sync = str(tmp_path / "ckpt"), str(tmp_path / "sync")
     torch_model = make_tiny_hf_checkpoint(ckpt, seed=3, **overrides)
     cfg, params = hf_io.load_hf_checkpoint(ckpt)
-    stats = ws.publish(params, sync, 1)
+    stats = ws.publish(params, sync, 1, dtype="bfloat16")  # what a bf16 trainer publishes
     return torch_model, cfg, params, sync, stats.path
 
 

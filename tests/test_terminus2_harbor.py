@@ -147,9 +147,9 @@ import types  # noqa: E402
 import zipfile  # noqa: E402
 
 
-def _harbor_source(path):
+def _harbor_source(path, base="harbor/agents/terminus_2/"):
     with zipfile.ZipFile(harbor_wheel()) as z:
-        return z.read("harbor/agents/terminus_2/" + path).decode("utf-8")
+        return z.read(base + path).decode("utf-8")
 
 
 def _harbor_fstrings(func, target):
@@ -298,3 +298,64 @@ def test_confirm_and_output_length_equal_harbors():
     assert st.output_length.format(limit=st.output_limit.format(tokens=4096)) == eval(
         _harbor_fstrings("_query_llm", "error_msg")[0], ns)
     assert st.output_limit.format(tokens=4096) == eval(_harbor_fstrings("_query_llm", "limit_str")[0], ns)
+
+
+# ------------------------------------------------------------------------------------------------
+# reward files: jaxrl's parse_reward against Harbor's Verifier (its reward readers and their order,
+# run from the wheel's source on the same files)
+
+REWARD_FILES = [
+    {"reward.txt": "1"}, {"reward.txt": " 0.25\n"}, {"reward.txt": ""}, {"reward.txt": "\n \n"},
+    {"reward.txt": "yes"}, {"reward.txt": "nan"}, {"reward.txt": "-inf"},
+    {"reward.json": '{"reward": 0.5, "tests_passed": 3}'}, {"reward.json": '{"pass_ratio": 0.75}'},
+    {"reward.json": "[1]"}, {"reward.json": '{"reward": true}'}, {"reward.json": "0.5"},
+    {"reward.json": '{"reward": NaN}'}, {"reward.json": '{"reward": "1"}'}, {"reward.json": ""},
+    {"reward.json": "{not json"}, {"reward.json": "1e999"},
+    {"reward.txt": "0", "reward.json": '{"reward": 1}'}, {"reward.txt": "1", "reward.json": ""},
+    {"reward.txt": "1", "reward.json": "oops"}, {},
+]
+
+HARBOR_CLASS = {"ok": None, "reward_missing": "RewardFileNotFoundError", "reward_empty": "RewardFileEmptyError",
+                "reward_unparsable": "VerifierOutputParseError"}
+
+
+def _harbor_reward(d):
+    """Harbor's verdict on the reward files of `d`: ('ok', rewards) or (exception class name, None)."""
+    from pathlib import Path
+
+    import re
+
+    # Python 3.12 f-strings split a replacement field over lines; join them so that 3.11 parses it
+    src = re.sub(r"\{\s*\n\s*([^{}\n]*?)\s*\n\s*\}", r"{\1}", _harbor_source("harbor/verifier/verifier.py", base=""))
+    tree = ast.parse(src)
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Verifier")
+    funcs = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in ("_parse_reward_text", "_parse_reward_json")]
+    excs = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name.endswith("Error")]
+    ns = {"json": json, "math": math}
+    exec(compile(ast.Module(excs + funcs, []), "harbor-verifier", "exec"), ns)
+    me = types.SimpleNamespace(trial_paths=types.SimpleNamespace(reward_text_path=Path(d) / "reward.txt",
+                                                                 reward_json_path=Path(d) / "reward.json"))
+    try:  # the order of Verifier.verify: reward.json, then reward.txt, else not found
+        if me.trial_paths.reward_json_path.exists():
+            return "ok", ns["_parse_reward_json"](me)
+        if me.trial_paths.reward_text_path.exists():
+            return "ok", ns["_parse_reward_text"](me)
+        return "RewardFileNotFoundError", None
+    except Exception as e:  # noqa: BLE001
+        return type(e).__name__, None
+
+
+@pytest.mark.parametrize("i", range(len(REWARD_FILES)))
+def test_reward_files_as_harbor_reads_them(tmp_path, i):
+    from jaxrl.envs.harbor.trial import parse_reward
+
+    for name, text in REWARD_FILES[i].items():
+        (tmp_path / name).write_text(text)
+    value, outcome, details = parse_reward(tmp_path)
+    kind, rewards = _harbor_reward(tmp_path)
+    if kind == "ok" and not isinstance(rewards, dict):
+        rewards = {"reward": rewards}  # a bare number
+    assert (HARBOR_CLASS[str(outcome)] or "ok") == kind, details
+    if kind == "ok":
+        assert details["rewards"] == {k: float(v) for k, v in rewards.items()}
+        assert value == float(rewards.get("reward", next(iter(rewards.values()))))

@@ -122,7 +122,9 @@ def base_config() -> ml_collections.ConfigDict:
 
     # ---- Harbor terminal tasks (the Terminus-style agent loop, jaxrl/envs/harbor/agent.py) ----
     c.harbor = ml_collections.ConfigDict()
-    c.harbor.prompt_style = "terminus"  # terminus (the seed runs' agent) | compact (the small embedded policy)
+    c.harbor.prompt_style = "terminus-2"  # terminus-2 (Harbor's own texts, the seed runs' agent) | compact (embedded policy)
+    c.harbor.harbor_wheel = ""  # a harbor wheel to read terminus-2's texts from; "" = the installed harbor package
+    c.harbor.strict_json_parser = False  # True: no auto-correction, a response with warnings runs nothing
     c.harbor.agent_timeout_sec = 0.0  # the agent's wall-clock budget per trial; 0 = each task's [agent] timeout_sec
     c.harbor.verifier_timeout_sec = 0.0  # 0 = each task's [verifier] timeout_sec
     c.harbor.command_timeout_sec = 60.0  # cap on one command's wait (Terminus: 60 s)
@@ -315,7 +317,9 @@ KEY_DOCS: dict[str, str] = {
     "generator.episode_delay_s": "benchmark/test knob: every episode takes at least this long (s); 0 = off",
     "generator.episode_delay_jitter": "spread of episode_delay_s per prompt, in [0, 1]: d x (1 + jitter x (2u - 1))",
     # Harbor terminal tasks
-    "harbor.prompt_style": "agent prompt: terminus (Terminus-2, the seed runs') | compact (embedded terminal policy)",
+    "harbor.prompt_style": "agent prompt: terminus-2 (Harbor's own texts, read at run time) | compact (embedded policy)",
+    "harbor.harbor_wheel": "path of a harbor wheel holding terminus-2's texts; '' = the installed harbor package",
+    "harbor.strict_json_parser": "strict Terminus-2 parsing: no auto-correction, responses with warnings run nothing",
     "harbor.agent_timeout_sec": "agent's wall-clock budget per trial (s); 0 = the task's [agent] timeout_sec",
     "harbor.verifier_timeout_sec": "verifier's wall-clock limit per trial (s); 0 = the task's [verifier] timeout_sec",
     "harbor.command_timeout_sec": "cap in seconds on one command's wait (Terminus: 60)",
@@ -668,7 +672,7 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     c.generator.enable_thinking = True
     c.generator.chat_template = "keep_thinking"
     c.data.verify_tasks = True
-    c.harbor.prompt_style = "terminus"
+    c.harbor.prompt_style = "terminus-2"
     c.harbor.agent_timeout_sec = 900.0
     c.harbor.verifier_timeout_sec = 120.0
     c.trainer.algorithm.max_seq_len = 32768
@@ -1114,7 +1118,16 @@ def _validate_harbor(c: ml_collections.ConfigDict, check_inputs: bool) -> None:
 
     h, d = c.harbor, c.data
     _require(h.prompt_style in PROMPT_STYLES, "harbor.prompt_style", f"unknown style {h.prompt_style!r}",
-             f"use one of {sorted(PROMPT_STYLES)}")
+             f"use one of {list(PROMPT_STYLES)}")
+    _require(isinstance(h.strict_json_parser, bool), "harbor.strict_json_parser", "must be True or False",
+             "use False (Harbor 0.26's parser) or True")
+    if h.prompt_style == "terminus-2" and check_inputs and _is_harbor_run(c):
+        from jaxrl.envs.harbor.terminus2 import HarborFilesError, terminus2_texts
+
+        try:
+            terminus2_texts(str(h.harbor_wheel))
+        except HarborFilesError as e:
+            raise ConfigError("harbor.harbor_wheel", str(e), "or use harbor.prompt_style=compact") from None
     for key in ("agent_timeout_sec", "verifier_timeout_sec"):
         v = h[key]
         _require(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, f"harbor.{key}", f"{v!r} is not a duration",

@@ -198,3 +198,49 @@ def test_recipes_doc_lists_every_algorithm_key():
     algorithm = {k for k in keys if k.startswith("trainer.algorithm.")}
     assert not algorithm - documented, f"docs/recipes.md lacks rows for {sorted(algorithm - documented)}"
     assert not documented - keys, f"docs/recipes.md documents keys that do not exist: {sorted(documented - keys)}"
+
+
+# SkyRL 0.3.0's defaults (PyPI `skyrl` 0.3.0, skyrl/train/config/config.py: AlgorithmConfig and its
+# sub-configs, the critic's OptimizerConfig(lr=5e-6)) of every key docs/recipes.md attributes to SkyRL.
+# None there means "off" where jaxrl writes '' or 0 for off (docs/recipes.md "trainer.algorithm keys").
+SKYRL_0_3_0_DEFAULTS = {
+    "advantage_estimator": "grpo", "grpo_norm_by_std": True, "gamma": 1.0, "lambd": 1.0, "value_clip": 0.2,
+    "policy_loss_type": "regular", "loss_reduction": "token_mean", "max_seq_len": None, "eps_clip_low": 0.2,
+    "eps_clip_high": 0.2, "clip_ratio_c": 3.0, "cispo.cispo_eps_clip_low": 0.0, "cispo.cispo_eps_clip_high": 5.0,
+    "sapo.tau_pos": 1.0, "sapo.tau_neg": 1.05, "clip_cov.clip_ratio": 0.0002, "clip_cov.clip_cov_lb": 1.0,
+    "clip_cov.clip_cov_ub": 5.0, "kl_cov.kl_cov_frac": 0.2, "kl_cov.ppo_kl_coef": 1.0, "temperature": "None",
+    "use_kl_loss": True, "kl_loss_coef": 0.001, "kl_estimator_type": "k3", "use_kl_in_reward": False,
+    "kl_ctrl.type": "fixed", "kl_ctrl.kl_target": 0.1, "kl_ctrl.horizon": 10000, "entropy_loss_coef": 0.01,
+    "off_policy_correction.tis_ratio_type": None, "off_policy_correction.token_tis_ratio_clip_high": 2.0,
+    "off_policy_correction.sequence_tis_ratio_clip_high": 5.0,
+    "off_policy_correction.outlier_token_is_threshold_low": None,
+    "off_policy_correction.outlier_token_is_threshold_high": None,
+    "off_policy_correction.token_mask_is_threshold_low": None,
+    "off_policy_correction.token_mask_is_threshold_high": None,
+    "off_policy_correction.sequence_mask_metric": None, "off_policy_correction.geo_mask_low": 0.99,
+    "off_policy_correction.geo_mask_high": 1.01, "off_policy_correction.product_mask_low": 0.5,
+    "off_policy_correction.product_mask_high": 2.0, "trainer.critic.optimizer.lr": 5e-6,
+    "trainer.critic.optimizer.weight_decay": 0.01, "trainer.critic.optimizer.max_grad_norm": 1.0,
+}
+
+
+def test_recipes_doc_says_where_a_default_differs_from_skyrl():
+    """Issue 25 §3: a key whose row cites SkyRL and whose jaxrl default differs from SkyRL's says so
+    ("SkyRL default <value>") with its reason; keys equal to SkyRL's need not."""
+    flat = config_lib.flatten(config_lib.base_config())
+    cited, undeclared = set(), []
+    for cell, row in _table_rows(_section(RECIPES.read_text(), "trainer.algorithm keys")):
+        keys = re.findall(r"`([\w.]+)`", cell)
+        if not keys or "SkyRL" not in row.split("|")[-2]:
+            continue
+        key = keys[0]
+        full = key if key.startswith(CONFIG_SECTIONS) else f"trainer.algorithm.{key}"
+        if key not in SKYRL_0_3_0_DEFAULTS or full not in flat:
+            continue
+        cited.add(key)
+        ours, theirs = flat[full], SKYRL_0_3_0_DEFAULTS[key]
+        same = ours == theirs or (theirs is None and ours in ("", 0, 0.0))
+        if not same and f"SkyRL default {theirs}" not in row:
+            undeclared.append(f"{key}: jaxrl {ours!r}, SkyRL {theirs!r}")
+    assert {"cispo.cispo_eps_clip_low", "eps_clip_high", "trainer.critic.optimizer.weight_decay"} <= cited
+    assert not undeclared, "docs/recipes.md rows that do not state SkyRL's different default: " + "; ".join(undeclared)

@@ -28,8 +28,9 @@ def _traj(reward=0.0, stop_reason="stop", group_id=0, **info):
 def _metrics(c, rewards, trajs=None, step=7, is_main=True):
     rewards = np.asarray(rewards, np.float32)
     n = len(rewards)
-    batch = {"loss_mask": np.ones((n, 3), np.int32), "is_truncated": np.zeros(n, bool),
-             "tokens": np.zeros((n, 4), np.int32)}
+    excluded = np.array([t.stop_reason in ("env_error", "invalid_output") for t in trajs or []] or [False] * n)
+    batch = {"loss_mask": np.where(excluded[:, None], 0, np.ones((n, 3), np.int32)), "is_truncated": np.zeros(n, bool),
+             "tokens": np.zeros((n, 4), np.int32), "sequence_mask": ~excluded}
     return batch_metrics(c, step, trajs, rewards, np.zeros(n, np.float32), batch, [(0.0, 1.0, 0.0)], is_main)
 
 
@@ -92,3 +93,26 @@ def test_excluded_trajectories_are_counted_and_named_in_one_line(capsys):
     m = _metrics(_cfg(2), [1.0, 0.0], None, is_main=False)
     assert not any(k.startswith("generate/num_excluded") for k in m)
     assert capsys.readouterr().err == ""
+
+
+def test_batch_metrics_do_not_count_excluded_trajectories():
+    """Issue 25 §2: an excluded trajectory (env_error / invalid_output, not trained on) has reward,
+    advantage and tokens as 0 placeholders; the step's means count only the trained ones.
+    Group 0: [1.0, env_error]; group 1: [0.5, 0.0]; group 2: both env_error (no pass@2 evidence)."""
+    trajs = [_traj(1.0, "stop", 0), _traj(0.0, "env_error", 0), _traj(0.5, "stop", 1), _traj(0.0, "length", 1),
+             _traj(0.0, "env_error", 2), _traj(0.0, "invalid_output", 2)]
+    rewards = np.array([t.reward for t in trajs], np.float32)
+    excluded = np.array([False, True, False, False, True, True])
+    lengths = np.array([3, 0, 2, 4, 0, 0])
+    batch = {"loss_mask": (np.arange(5)[None] < lengths[:, None]).astype(np.int32),
+             "is_truncated": np.array([False, False, False, True, False, False]),
+             "tokens": np.zeros((6, 6), np.int32), "sequence_mask": ~excluded}
+    adv = np.array([0.5, 0.0, 0.25, -0.25, 0.0, 0.0], np.float32)
+    m = batch_metrics(_cfg(2), 3, trajs, rewards, adv, batch, [(0.0, 1.0, 0.0)], True)
+    assert m["reward/avg_raw_reward"] == pytest.approx(1.5 / 3)          # main: 1.5 / 6
+    assert m["reward/success_rate"] == pytest.approx(1 / 3)              # main: 1 / 6
+    assert m["reward/avg_pass_at_2"] == pytest.approx(1 / 2)             # groups 0, 1 (main: 1 / 3)
+    assert m["loss/avg_raw_advantages_abs"] == pytest.approx(1.0 / 3)    # main: 1.0 / 6
+    assert m["generate/avg_num_tokens"] == pytest.approx(9 / 3)          # main: 9 / 6
+    assert m["generate/min_num_tokens"] == 2                             # main: 0
+    assert m["generate/truncated_ratio"] == pytest.approx(1 / 3)         # main: 1 / 6

@@ -132,7 +132,7 @@ def test_8b_scale_has_the_seed_terminal_settings():
         assert (sp.temperature, sp.top_p, sp.top_k) == (0.7, 0.95, 20), recipe
         assert c.trainer.algorithm.temperature == 0.7
         assert (c.harbor.agent_timeout_sec, c.harbor.verifier_timeout_sec, c.harbor.prompt_style) == (900.0, 120.0,
-                                                                                                      "terminus")
+                                                                                                      "terminus-2")
         assert (sp.max_generate_length, c.trainer.algorithm.max_seq_len, c.generator.max_input_tokens) == (
             4096, 32768, 32000)
         assert c.generator.logprobs_mode == "sampled" and c.data.verify_tasks is True

@@ -30,7 +30,7 @@ def _bf16(x):
 
 def test_publish_then_load_roundtrip_bf16(tmp_path):
     tree = _tree()
-    stats = ws.publish(tree, str(tmp_path), 1)
+    stats = ws.publish(tree, str(tmp_path), 1, dtype="bfloat16")
     assert stats.version == 1 and stats.path == str(tmp_path / "1")
     assert stats.bytes == 2 * (16 * 8 + 2 * 8 * 4 + 3) + 4  # bf16 floats + one int32
     assert stats.seconds > 0 and stats.disk_bytes > 0
@@ -169,6 +169,27 @@ def test_publish_float32_roundtrip_is_bit_exact_and_records_dtype(tmp_path):
     assert json.load(open(tmp_path / "1" / ws.SYNC_FILE))["dtype"] == "float32"
     with pytest.raises(ValueError, match="dtype"):
         ws.publish(tree, str(tmp_path), 2, dtype="float16")
+
+
+def test_publish_default_writes_the_params_own_dtype(tmp_path):
+    """A direct caller (no dtype) gets back exactly the weights it published: float32 stays float32
+    bit for bit (main cast to bfloat16 by default, unlike the trainer, which passes its compute
+    dtype), bfloat16 stays bfloat16, and the recorded dtype says which."""
+    tree = _tree()
+    stats = ws.publish(tree, str(tmp_path), 1)
+    assert stats.bytes == 4 * (16 * 8 + 2 * 8 * 4 + 3) + 4
+    loaded, _ = ws.load(str(tmp_path))
+    for got, want in ((loaded["embed"], tree["embed"]), (loaded["stack"][0], tree["stack"][0])):
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got.view(np.uint32), np.asarray(want).view(np.uint32))
+    assert loaded["count"] == 7
+    assert json.load(open(tmp_path / "1" / ws.SYNC_FILE))["dtype"] == "float32"
+    half = {"w": jnp.asarray([1.0, 2.5, -3.0], jnp.bfloat16)}
+    ws.publish(half, str(tmp_path), 2)
+    loaded, _ = ws.load(str(tmp_path), 2)
+    assert loaded["w"].dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(np.asarray(loaded["w"], np.float32), [1.0, 2.5, -3.0])
+    assert json.load(open(tmp_path / "2" / ws.SYNC_FILE))["dtype"] == "bfloat16"
 
 
 def _engine_vs_trainer_logprob_gap(tmp_path, publish_dtype):

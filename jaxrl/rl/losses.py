@@ -50,6 +50,12 @@ Non-finite values (the rule, per input):
 
 Metrics (one rule for every family): a metric is reported iff the option or input that
 produces it is active; an option that is off reports nothing, never a placeholder 0.
+A metric never counts what a mask removed: the policy loss's fractions (clip_ratio, ...) and
+max/min count only the tokens in the loss term (not those of rows dropped as invalid or by an
+off-policy mask, nor tokens the token mask dropped); its means (`*_mean`, `kl_cov/abs_kl`) count
+such a loss token at its value at π_θ = π_old (ratio 1), like `is_ratio_mean`; the off-policy
+metrics follow the same rule (`off_policy_correction`). Fractions are of the mini-batch's loss
+tokens (or rows), so they add up over micro-batches.
   * the policy loss's own metrics: those of `policy_loss_type` only (e.g. clip_ratio exists for
     the clipping losses, not for sapo / kl_cov, where SkyRL logs a constant 0);
   * off-policy correction: is_ratio_mean/max/min iff any correction is enabled
@@ -113,8 +119,10 @@ class LossConfig:
         independent (e.g. 0.2 / 0.05 or 0.2 / 0.28). 0 <= eps_clip_low < 1, eps_clip_high >= 0.
       clip_ratio_c: dual-clip constant c > 1 (Ye et al. 2020): for A < 0 the loss is capped at
         −c·A.
-      cispo_eps_clip_low, cispo_eps_clip_high: CISPO weight clamp [1 − low, 1 + high] (ScaleRL
-        defaults 1.0 / 4.0, i.e. [0, 5]).
+      cispo_eps_clip_low, cispo_eps_clip_high: CISPO weight clamp [1 − low, 1 + high]; defaults
+        1.0 / 4.0, i.e. [0, 5] (ScaleRL's bounds: the ratio truncated from above only, as MiniMax-M1).
+        SkyRL's defaults 0.0 / 5.0 give [1, 6], which raises every weight below 1 to 1; pass them
+        to reproduce SkyRL (docs/recipes.md).
       cispo_anchor: "old" (r = π/π_old) or "rollout" (r = π/μ; incompatible with TIS).
       sapo_tau_pos, sapo_tau_neg: SAPO gate temperatures for A > 0 and A <= 0 (SkyRL
         `sapo.tau_pos` 1.0, `sapo.tau_neg` 1.05); both > 0.
@@ -430,6 +438,27 @@ def covariance_selection(old_logprobs, advantages, loss_mask, config: LossConfig
 # --------------------------------------------------------------------------------------------
 
 
+@jax.custom_jvp
+def abs_with_zero_subgradient(x):
+    """|x| whose derivative is sign(x): 0 at x = 0 (torch's `abs` backward), not JAX's +1.
+
+    The penalties |logπ − logπ_old| (kl_cov) and |logπ − logπ_ref| (the `abs` KL estimator) are
+    evaluated exactly at their kink x = 0 in the common case (the first update of every step has
+    π_θ = π_old; the first step has π_θ = π_ref). There the penalty is at its minimum, so the
+    subgradient 0 is the one to take; JAX's `jnp.abs` differentiates to +1 at 0, which adds a
+    spurious +coef·w to every selected token's gradient.
+
+    Args: x float array. Returns: |x|, same shape and dtype.
+    """
+    return jnp.abs(x)
+
+
+@abs_with_zero_subgradient.defjvp
+def _abs_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return jnp.abs(x), jnp.sign(x) * t
+
+
 def _ratio(log_ratio, mask):
     """exp(clamp(Δ, ±20)) with Δ replaced by 0 where masked (ratio 1)."""
     return jnp.exp(jnp.clip(jnp.where(mask, log_ratio, 0.0), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
@@ -576,6 +605,8 @@ def kl_cov_loss(logprobs, old_logprobs, advantages, loss_mask, config, rollout_l
 
     ℓ = −r·A + s · ppo_kl_coef · |logπ − logπ_old|, r = exp(clamp(logπ − logπ_old, ±20)), s the
     top-kl_cov_frac covariance selection of `covariance_selection` (`LossWeights.selected`).
+    ∂|Δ|/∂logπ = sign(Δ), 0 at Δ = 0 (the first update of a step: the penalty is at its minimum;
+    `abs_with_zero_subgradient`), so there the gradient is the REINFORCE one, −A·w.
 
     Metrics: kl_cov/selected_ratio (fraction of loss tokens penalised), kl_cov/abs_kl (mean
     |logπ − logπ_old| over all loss tokens), ratio_mean / ratio_max / ratio_min. No clip_ratio
@@ -584,7 +615,7 @@ def kl_cov_loss(logprobs, old_logprobs, advantages, loss_mask, config, rollout_l
     delta = jnp.where(loss_mask, logprobs - old_logprobs, 0.0)
     ratio = _ratio(delta, loss_mask)
     s = jax.lax.stop_gradient(selected)
-    abs_kl = jnp.abs(delta)
+    abs_kl = abs_with_zero_subgradient(delta)  # gradient 0 at Δ = 0 (the first update), as torch
     metrics = {"kl_cov/selected_ratio": s, "kl_cov/abs_kl": jax.lax.stop_gradient(abs_kl),
                "ratio_mean": ratio, "ratio_max": ratio, "ratio_min": ratio}
     return -advantages * ratio + s * config.ppo_kl_coef * abs_kl, metrics
@@ -598,7 +629,8 @@ def kl_cov_loss(logprobs, old_logprobs, advantages, loss_mask, config, rollout_l
 def kl_penalty(logprobs, ref_logprobs, loss_mask, estimator: str = "k3"):
     """Per-token KL(π_θ ‖ π_ref) estimate (Schulman 2020, "Approximating KL divergence").
 
-    With Δ = logπ − logπ_ref: k1 = Δ; abs = |Δ|; k2 = ½Δ²;
+    With Δ = logπ − logπ_ref: k1 = Δ; abs = |Δ| (derivative sign(Δ), 0 at Δ = 0:
+    `abs_with_zero_subgradient`); k2 = ½Δ²;
     k3 = clamp(exp(x) − x − 1, −10, 10) with x = clamp(−Δ, −20, 20) (SkyRL / verl low_var_kl).
     Differentiable in `logprobs`.
 
@@ -613,7 +645,7 @@ def kl_penalty(logprobs, ref_logprobs, loss_mask, estimator: str = "k3"):
     if estimator == "k1":
         kl = delta
     elif estimator == "abs":
-        kl = jnp.abs(delta)
+        kl = abs_with_zero_subgradient(delta)  # gradient 0 at Δ = 0 (π_θ = π_ref at step 0), as torch
     elif estimator == "k2":
         kl = 0.5 * delta * delta
     else:
@@ -662,10 +694,17 @@ def off_policy_correction(old_logprobs, rollout_logprobs, loss_mask, weights: Lo
       1. outlier-token sequence mask: drop a row if any loss token has ρ < low or ρ > high;
       2. token mask (IcePop): drop tokens with ρ outside [low, high];
       3. TIS factor: "token" w_t = min(ρ_t, cap); "sequence" w_i = min(exp(clamp(Σ_t m_t log ρ_t,
-         ±20)), cap) over the tokens kept by 1–2;
-      4. sequence mask: "geometric" g_i = exp(Σ m log ρ / max(Σ m, 1)) kept iff in
+         ±20)), cap) over the tokens kept by 1–2, with the UNCLAMPED log ρ_t in the sum (SkyRL
+         clamps the sum, not the terms);
+      4. sequence mask: "geometric" g_i = exp(clamp(Σ m log ρ / max(Σ m, 1), ±20)) kept iff in
          [geo_mask_low, geo_mask_high]; "product" exp(clamp(Σ m log ρ, ±20)) in
-         [product_mask_low, product_mask_high].
+         [product_mask_low, product_mask_high] (unclamped terms, as 3); a row that 1–2 already
+         emptied is not dropped (or counted) again.
+    Metrics count only what is still in the loss at their stage: token_mask_ratio skips the
+    tokens of rows the outlier mask dropped; tis_token_clip_high_ratio / tis_seq_clip_high_ratio
+    count capped tokens / rows that every mask kept (a capped token the token mask dropped is not
+    "capped in the loss"). Fractions are of the mini-batch's loss tokens / rows (`weights`), so
+    they sum over micro-batches (SkyRL divides by the tokens its masks kept).
     With `only_untruncated`, rows with is_truncated=True get factor 1 and are never
     dropped by 1, 2 or 4. A row with a NaN/inf rollout logprob on a loss token is always dropped
     (kept_mask False, factor 1) and counted in `invalid_rollout_seq_ratio` (module docstring).
@@ -679,9 +718,9 @@ def off_policy_correction(old_logprobs, rollout_logprobs, loss_mask, weights: Lo
     loss_tokens = jnp.asarray(loss_mask).astype(bool)
     invalid_row = _invalid_rollout_rows(rollout_logprobs, loss_tokens)
     mask = loss_tokens & ~invalid_row[:, None]
-    log_rho = jnp.where(mask, jnp.asarray(old_logprobs, jnp.float32), 0.0) - jnp.where(
-        mask, jnp.asarray(rollout_logprobs, jnp.float32), 0.0)
-    log_rho = jax.lax.stop_gradient(jnp.clip(log_rho, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    raw_log_rho = jax.lax.stop_gradient(jnp.where(mask, jnp.asarray(old_logprobs, jnp.float32), 0.0) - jnp.where(
+        mask, jnp.asarray(rollout_logprobs, jnp.float32), 0.0))
+    log_rho = jnp.clip(raw_log_rho, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     rho = jnp.exp(log_rho)
     if config.only_untruncated:
         if is_truncated is None:
@@ -707,31 +746,42 @@ def off_policy_correction(old_logprobs, rollout_logprobs, loss_mask, weights: Lo
                        outlier_seq_under_low_ratio=seq(under))
     if config.token_mask_is_threshold_low is not None:
         bad = applies & ((rho < config.token_mask_is_threshold_low) | (rho > config.token_mask_is_threshold_high))
+        metrics["token_mask_ratio"] = tok(bad & keep)  # tokens of rows the outlier mask dropped are gone already
         keep = keep & ~bad
-        metrics["token_mask_ratio"] = tok(bad)
     factor = jnp.ones(mask.shape, jnp.float32)
-    sum_log_rho = jnp.sum(jnp.where(keep, log_rho, 0.0), axis=1)
+    # Sequence quantities sum the UNCLAMPED log ρ of the kept tokens and clamp the sum (SkyRL
+    # safe_exp_delta of the sum): a single token with |log ρ| > 20 counts with its full weight.
+    sum_log_rho = jnp.sum(jnp.where(keep, raw_log_rho, 0.0), axis=1)
+    seq_log_rho = jnp.clip(sum_log_rho, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    capped_tokens = capped_rows = None
     if config.tis_ratio_type == "token":
         cap = config.token_tis_ratio_clip_high
         factor = jnp.where(applies, jnp.minimum(rho, cap), 1.0)
-        metrics["tis_token_clip_high_ratio"] = tok(applies & (rho > cap))
+        capped_tokens = applies & (rho > cap)
     elif config.tis_ratio_type == "sequence":
         cap = config.sequence_tis_ratio_clip_high
-        seq_rho = jnp.exp(jnp.clip(sum_log_rho, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        seq_rho = jnp.exp(seq_log_rho)
         factor = jnp.broadcast_to(jnp.where(row_applies, jnp.minimum(seq_rho, cap), 1.0)[:, None], mask.shape)
-        metrics["tis_seq_clip_high_ratio"] = seq(row_applies & (seq_rho > cap))
+        capped_rows = row_applies & (seq_rho > cap)
     if config.sequence_mask_metric is not None:
         if config.sequence_mask_metric == "geometric":
             count = jnp.maximum(jnp.sum(keep, axis=1), 1)
-            value, lo, hi, name = jnp.exp(sum_log_rho / count), config.geo_mask_low, config.geo_mask_high, "geo"
+            value = jnp.exp(jnp.clip(sum_log_rho / count, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+            lo, hi, name = config.geo_mask_low, config.geo_mask_high, "geo"
         else:
-            value = jnp.exp(jnp.clip(sum_log_rho, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+            value = jnp.exp(seq_log_rho)
             lo, hi, name = config.product_mask_low, config.product_mask_high, "product"
-        over, under = row_applies & (value > hi), row_applies & (value < lo)
+        alive = row_applies & jnp.any(keep, axis=1)  # rows an earlier mask emptied are not dropped again
+        over, under = alive & (value > hi), alive & (value < lo)
         keep = keep & ~(over | under)[:, None]
         metrics.update({f"{name}_sequence_mask_masked_ratio": seq(over | under),
                         f"{name}_sequence_mask_over_high_ratio": seq(over),
                         f"{name}_sequence_mask_under_low_ratio": seq(under)})
+    # The TIS metrics count only what is still in the loss after every mask.
+    if capped_tokens is not None:
+        metrics["tis_token_clip_high_ratio"] = tok(capped_tokens & keep)
+    if capped_rows is not None:
+        metrics["tis_seq_clip_high_ratio"] = seq(capped_rows & jnp.any(keep, axis=1))
     return jax.lax.stop_gradient(factor), keep, metrics
 
 
@@ -821,12 +871,7 @@ def micro_batch_loss(logprobs, old_logprobs, advantages, loss_mask, weights: Los
     per_token, loss_metrics = loss_fn(lp, old, adv, pg_mask, config, mu, **extra)
     per_token = jnp.where(pg_mask, per_token, 0.0)
     metrics: Dict[str, jax.Array] = {}
-    for name, values in loss_metrics.items():  # per-token values -> one number (metric_combine_rule)
-        rule = metric_combine_rule(name)
-        masked = jnp.where(pg_mask, values, metric_identity(name))
-        metrics[name] = (jnp.max(masked) if rule == "max" else jnp.min(masked) if rule == "min"
-                         else jnp.sum(weights.token * masked))
-
+    in_loss = pg_mask
     if config.uses_off_policy_correction:
         if mu is None:
             raise ValueError(
@@ -836,9 +881,26 @@ def micro_batch_loss(logprobs, old_logprobs, advantages, loss_mask, weights: Los
         factor, kept, opc_metrics = off_policy_correction(old, clean(rollout_logprobs), mask, weights, config,
                                                           is_truncated)
         per_token = jnp.where(kept, per_token * factor, 0.0)
+        in_loss = pg_mask & kept
         metrics.update(opc_metrics)
     elif mu is not None:  # the invalid-row guard is always on when μ is given (module docstring)
         metrics["invalid_rollout_seq_ratio"] = jnp.sum(weights.sequence * invalid_row.astype(jnp.float32))
+    # The loss's own metrics describe the tokens in the loss term (module docstring, "Metrics"):
+    # fractions and max/min count only those; a mean counts a loss token outside the term (dropped
+    # row, off-policy mask) at its value at π_θ = π_old, so means stay means (e.g. ratio 1).
+    removed = mask & ~in_loss
+    neutral = None
+    for name, values in loss_metrics.items():  # per-token values -> one number (metric_combine_rule)
+        rule = metric_combine_rule(name)
+        if rule != "sum":
+            masked = jnp.where(in_loss, values, metric_identity(name))
+            metrics[name] = jnp.max(masked) if rule == "max" else jnp.min(masked)
+        elif _is_mean_metric(name):
+            if neutral is None:
+                neutral = loss_fn(old, old, adv, pg_mask, config, mu, **extra)[1]
+            metrics[name] = jnp.sum(weights.token * jnp.where(in_loss, values, jnp.where(removed, neutral[name], 0.0)))
+        else:
+            metrics[name] = jnp.sum(weights.token * jnp.where(in_loss, values, 0.0))
 
     policy_loss = jnp.sum(weights.policy * per_token)
     loss = policy_loss
@@ -875,6 +937,12 @@ def minibatch_loss(logprobs, old_logprobs, advantages, loss_mask, config: LossCo
     """
     weights = compute_loss_weights(loss_mask, config, sequence_mask)
     return micro_batch_loss(logprobs, old_logprobs, advantages, loss_mask, weights, config, **kwargs)
+
+
+def _is_mean_metric(name: str) -> bool:
+    """A policy-loss metric that is a token MEAN of a quantity (`*_mean`, `*/abs_kl`), as opposed
+    to a fraction of tokens (`*_ratio`, `clip_ratio_low/high`) or a max/min."""
+    return name.endswith("_mean") or name.endswith("/abs_kl")
 
 
 def metric_combine_rule(name: str) -> str:
@@ -929,6 +997,7 @@ def split_rows(tree, num_micro_batches: int):
 __all__ = [
     "LossConfig",
     "LossWeights",
+    "abs_with_zero_subgradient",
     "combine_metrics",
     "compute_loss_weights",
     "cispo_loss",

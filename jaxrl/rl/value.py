@@ -22,7 +22,7 @@ def value_loss(values, old_values, returns, loss_mask, weights: LossWeights, val
     "Implementation Matters in Deep Policy Gradients", arXiv 2005.12729, §3; SkyRL
     `ppo_critic_loss`).
 
-    ℓ_t = ½ · max((V_clip − R)², (V − R)²) with V_clip = V_old + clamp(V − V_old, −c, c), c =
+    ℓ_t = ½ · max((V_clip − R)², (V − R)²) (the unclipped branch at a tie) with V_clip = V_old + clamp(V − V_old, −c, c), c =
     `value_clip`; ℓ_t = ½ (V − R)² when value_clip is None. The mini-batch loss is Σ w·ℓ with
     w = `weights.sequence_token`: the mean over sequences of each sequence's token mean, as SkyRL
     (a masked mean per sequence, then the batch mean).
@@ -55,8 +55,11 @@ def value_loss(values, old_values, returns, loss_mask, weights: LossWeights, val
     if value_clip is not None:
         v_clip = old + jnp.clip(v - old, -value_clip, value_clip)
         clipped = (v_clip - ret) ** 2
-        per_token = jnp.maximum(clipped, unclipped)
-        metrics["values_clipfrac"] = jnp.sum(weights.token * (mask & (clipped > unclipped)).astype(jnp.float32))
+        # At a tie (V = V_old, the first update of every step) the unclipped branch carries the
+        # gradient (V − R), as in the policy's PPO clip; jnp.maximum would split it 1/2 : 1/2.
+        is_clipped = clipped > unclipped
+        per_token = jnp.where(is_clipped, clipped, unclipped)
+        metrics["values_clipfrac"] = jnp.sum(weights.token * (mask & is_clipped).astype(jnp.float32))
     else:
         per_token = unclipped
     loss = 0.5 * jnp.sum(weights.sequence_token * jnp.where(mask, per_token, 0.0))

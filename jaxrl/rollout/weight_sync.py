@@ -178,7 +178,7 @@ def _sync_processes(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-def publish(params: Any, sync_dir: str, version: int, keep: int = 2, dtype: str = "bfloat16") -> SyncStats:
+def publish(params: Any, sync_dir: str, version: int, keep: int = 2, dtype: Optional[str] = None) -> SyncStats:
     """Writes `params` (floats cast to `dtype`) as committed policy version `version` in `sync_dir`.
 
     Every JAX process must call this with the same arguments (Orbax writes each process's
@@ -189,8 +189,10 @@ def publish(params: Any, sync_dir: str, version: int, keep: int = 2, dtype: str 
       sync_dir: shared directory (created if missing).
       version: integer >= 0, larger than any committed version.
       keep: number of newest committed versions kept (>= 1); older ones are deleted.
-      dtype: "bfloat16" or "float32": the rollout engine's compute dtype (the trainer passes
-        `model.compute_dtype`), so the engine computes with exactly the weights published.
+      dtype: None (default: every leaf written in its own dtype, so a direct caller publishes
+        exactly the weights it holds), or "bfloat16" / "float32": floats cast to the rollout
+        engine's compute dtype (the trainer passes `model.compute_dtype`, so the engine computes
+        with exactly the weights published).
     Returns:
       SyncStats with the wall time from the call to the commit and the tensor bytes (in `dtype`).
     Raises:
@@ -203,8 +205,8 @@ def publish(params: Any, sync_dir: str, version: int, keep: int = 2, dtype: str 
         raise ValueError(f"publish: version must be an integer >= 0, got {version!r}")
     if keep < 1:
         raise ValueError(f"publish: keep must be >= 1, got {keep}")
-    if dtype not in PUBLISH_DTYPES:
-        raise ValueError(f"publish: dtype must be one of {PUBLISH_DTYPES}, got {dtype!r}")
+    if dtype is not None and dtype not in PUBLISH_DTYPES:
+        raise ValueError(f"publish: dtype must be None or one of {PUBLISH_DTYPES}, got {dtype!r}")
     t0 = time.perf_counter()
     sync_dir = os.path.abspath(sync_dir)
     final = version_path(sync_dir, version)
@@ -219,7 +221,14 @@ def publish(params: Any, sync_dir: str, version: int, keep: int = 2, dtype: str 
         os.makedirs(tmp)
     _sync_processes(f"jaxrl_publish_begin_{version}")
 
-    tree = _cast_floats(_to_pure_tree(params), dtype)
+    tree = _to_pure_tree(params)
+    if dtype is not None:
+        tree = _cast_floats(tree, dtype)
+    else:
+        tree = jax.tree.map(lambda x: x if isinstance(x, jax.Array) else np.asarray(x), tree)
+        floats = sorted({str(np.dtype(x.dtype)) for x in jax.tree.leaves(tree)
+                         if np.issubdtype(np.dtype(x.dtype), np.floating) or str(np.dtype(x.dtype)) == "bfloat16"})
+        dtype = ",".join(floats) or "none"
     leaves_with_path = jax.tree_util.tree_flatten_with_path(tree)[0]
     names = [".".join(_key_str(k) for k in path) for path, _ in leaves_with_path]
     nbytes = int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize for _, x in leaves_with_path))

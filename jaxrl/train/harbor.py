@@ -26,8 +26,8 @@ from typing import Any, Optional
 
 from jaxrl import config as config_lib
 from jaxrl.envs.harbor import HarborTaskError, Outcome, SandboxConfig, TrialConfig
-from jaxrl.envs.harbor.agent import (INITIAL_SCREEN, PROMPT_STYLES, AgentConfig, TerminusEnvFactory, episode_markdown,
-                                     initial_prompt, rollout_tasks)
+from jaxrl.envs.harbor.agent import (INITIAL_SCREEN, AgentConfig, TerminusEnvFactory, episode_markdown,
+                                     initial_prompt, prompt_style, rollout_tasks)
 from jaxrl.envs.harbor.dataset import gate_tasks, is_task_set, split_tasks
 from jaxrl.envs.harbor.runner import default_concurrency
 
@@ -63,12 +63,14 @@ class HarborTasks:
 
     @property
     def style(self):
-        return PROMPT_STYLES[self.c.harbor.prompt_style]
+        return prompt_style(self.c.harbor.prompt_style, str(self.c.harbor.harbor_wheel))
 
     def prompt_messages(self, task) -> list[dict]:
         """The first user message of `task` as the agent sends it (with the shell's usual first screen)."""
         ht = task.metadata["harbor_task"]
-        return [{"role": "user", "content": initial_prompt(ht.instruction, INITIAL_SCREEN, self.style)}]
+        style = self.style
+        state = INITIAL_SCREEN if style.screen is None else style.screen.format(screen=INITIAL_SCREEN)
+        return [{"role": "user", "content": initial_prompt(ht.instruction, state, style)}]
 
     def gate(self, workdir: str) -> list[str]:
         """Runs the verifier sanity gate over the train and held-out tasks (cached in
@@ -119,7 +121,10 @@ class HarborTasks:
                             command_timeout_sec=float(h.command_timeout_sec),
                             keep="logs" if h.keep_trial_logs else "none")
         trials_dir = os.path.join(workdir, "trials")  # created by the first trial
-        return TerminusEnvFactory(AgentConfig(prompt_style=h.prompt_style, max_output_bytes=int(h.max_output_bytes),
+        return TerminusEnvFactory(AgentConfig(prompt_style=h.prompt_style, harbor_wheel=str(h.harbor_wheel),
+                                              strict_json_parser=bool(h.strict_json_parser),
+                                              max_output_bytes=int(h.max_output_bytes),
+                                              max_output_tokens=int(self.c.generator.sampling_params.max_generate_length),
                                               trial=trial, trials_dir=trials_dir))
 
 

@@ -25,11 +25,15 @@ def batch_metrics(c, step: int, trajs, rewards: np.ndarray, advantages: np.ndarr
     """
     n = c.generator.n_samples_per_prompt
     m: dict[str, Any] = {}
-    grouped = rewards.reshape(-1, n)
+    # Excluded trajectories (env_error, invalid_output: `sequence_mask` False) are not trained on;
+    # no metric of the batch counts them (their reward, advantage and tokens are 0 placeholders).
+    kept = np.asarray(batch["sequence_mask"], bool)
+    grouped, kept_g = rewards.reshape(-1, n), kept.reshape(-1, n)
     success = c.trainer.success_threshold
-    m["reward/avg_raw_reward"] = float(rewards.mean())
-    m[f"reward/avg_pass_at_{n}"] = float(np.mean(grouped.max(axis=1) >= success))
-    m["reward/success_rate"] = float(np.mean(rewards >= success))
+    m["reward/avg_raw_reward"] = _mean(rewards[kept])
+    alive = kept_g.any(axis=1)  # a group with every member excluded says nothing about pass@n
+    m[f"reward/avg_pass_at_{n}"] = _mean((np.where(kept_g, grouped, -np.inf).max(axis=1) >= success)[alive])
+    m["reward/success_rate"] = _mean(rewards[kept] >= success)
     # Trainer (pi_old) vs engine (mu) logprobs on the loss tokens: ~1e-6 when both hold the
     # same float32 weights; larger in bf16 (see docs/numerics.md).
     total, count = sum(float(d[0]) for d in diffs), sum(float(d[1]) for d in diffs)
@@ -51,15 +55,21 @@ def batch_metrics(c, step: int, trajs, rewards: np.ndarray, advantages: np.ndarr
             more = f"; ... {len(excluded) - 4} more in trial_stats.csv" if len(excluded) > 4 else ""
             print(f"jaxrl: step {step}: {len(excluded)} of {len(trajs)} trajectories excluded from the loss "
                   f"({shown}{more})", file=sys.stderr)
-    m["loss/avg_raw_advantages"] = float(advantages.mean())
-    m["loss/avg_raw_advantages_abs"] = float(np.abs(advantages).mean())
-    ntok = batch["loss_mask"].sum(axis=1)
-    m["generate/avg_num_tokens"] = float(ntok.mean())
-    m["generate/max_num_tokens"] = float(ntok.max())
-    m["generate/min_num_tokens"] = float(ntok.min())
-    m["generate/truncated_ratio"] = float(np.mean(batch["is_truncated"]))
+    m["loss/avg_raw_advantages"] = _mean(advantages[kept])
+    m["loss/avg_raw_advantages_abs"] = _mean(np.abs(advantages[kept]))
+    ntok = batch["loss_mask"].sum(axis=1)[kept]
+    m["generate/avg_num_tokens"] = _mean(ntok)
+    m["generate/max_num_tokens"] = float(ntok.max()) if ntok.size else 0.0
+    m["generate/min_num_tokens"] = float(ntok.min()) if ntok.size else 0.0
+    m["generate/truncated_ratio"] = _mean(np.asarray(batch["is_truncated"], bool)[kept])
     m["generate/batch_padded_seq_len"] = float(batch["tokens"].shape[1])
     return m
+
+
+def _mean(x) -> float:
+    """Mean of `x`, 0.0 for an empty selection (every trajectory of the step excluded)."""
+    x = np.asarray(x, np.float64)
+    return float(x.mean()) if x.size else 0.0
 
 
 def decode_for_log(tokenizer, ids) -> str:

@@ -123,7 +123,6 @@ OPC_VARIANTS = {
     "tis_token+icepop": {"tis_ratio_type": "token", "token_tis_ratio_clip_high": 2.0,
                          "token_mask_is_threshold_low": 0.25, "token_mask_is_threshold_high": 4.0},
 }
-# Variants whose metrics count masked tokens differently today (issue 25: the masked clip metric).
 MU_SCALES = (1e-3, 0.05, 0.5, 2.0)
 
 
@@ -212,11 +211,17 @@ def build_cases():
             n = int(rng.choice([4, 8]))
             x = loss_inputs(rng, n, regime, per_token_adv=True)
             add("loss/kl_cov", "loss", loss_opts("kl_cov", "sum", kl_cov=(frac, coef), selection_from="logprobs"), x)
-    # kl_cov at log π = log π_old (every first update): values agree; the gradient is the kink (issue 25).
+    # kl_cov at log π = log π_old (every first update): the |Δ| kink, gradient 0 there on both sides.
     for frac, coef in ((0.2, 1.0), (0.5, 0.1)):
         for _ in range(3):
             x = loss_inputs(rng, 8, "on_policy", per_token_adv=True)
             add("loss/kl_cov_on_policy", "loss", loss_opts("kl_cov", "sum", kl_cov=(frac, coef)), x)
+        x = loss_inputs(rng, 8, "on_policy", per_token_adv=True)
+        add("loss/kl_cov_on_policy", "loss", loss_opts("kl_cov", "token_mean", kl_cov=(frac, coef)), x)
+    # issue 25's input: SkyRL's gradient is [-1/3, 1/3, -1/6] (the penalty's derivative 0 at its minimum)
+    add("loss/kl_cov_on_policy", "loss", loss_opts("kl_cov", "token_mean", kl_cov=(0.34, 1.0)),
+        {"logprobs": np.array([[-1.0, -2.0, -4.0]]), "old_logprobs": np.array([[-1.0, -2.0, -4.0]]),
+         "advantages": np.array([[1.0, -1.0, 0.5]]), "loss_mask": np.ones((1, 3))})
     # --- off-policy correction alone (factor, kept tokens, metrics) and inside each loss that applies it
     for name, opc in OPC_VARIANTS.items():
         for scale in MU_SCALES:
@@ -226,7 +231,7 @@ def build_cases():
                 add(f"opc/{name}", "opc", {"opc": opc, "jaxrl_cfg": loss_opts("regular", opc=opc)["jaxrl_cfg"]},
                     {"old_logprobs": x["old_logprobs"], "rollout_logprobs": x["rollout_logprobs"],
                      "loss_mask": x["loss_mask"]})
-    # issue 25's inputs: a capped token that the token mask drops; capped tokens of a row the outlier mask drops
+    # a capped token that the token mask drops; capped tokens of a row the outlier mask drops (issue 25's inputs)
     add("opc/tis_token+icepop", "opc", {"opc": OPC_VARIANTS["tis_token+icepop"] | {"token_mask_is_threshold_low": 0.5,
                                                                                     "token_mask_is_threshold_high": 2.0},
                                         "jaxrl_cfg": loss_opts("regular", opc=OPC_VARIANTS["tis_token+icepop"]
@@ -238,6 +243,22 @@ def build_cases():
     add("opc/tis_token+outlier", "opc", {"opc": outlier, "jaxrl_cfg": loss_opts("regular", opc=outlier)["jaxrl_cfg"]},
         {"old_logprobs": np.log([[20.0, 3.0], [3.0, 1.0]]), "rollout_logprobs": np.zeros((2, 2)),
          "loss_mask": np.ones((2, 2))})
+    # sequence TIS / geometric / product masks with single tokens beyond |log ρ| = 20 (both sum the unclamped
+    # log ρ and clamp the sum)
+    for name in ("tis_sequence", "geometric", "product", "tis_sequence+geometric"):
+        for _ in range(3):
+            n = 4
+            x = loss_inputs(rng, n, "small", mu_scale=0.05)
+            x["rollout_logprobs"][:, -1] = x["old_logprobs"][:, -1] - rng.choice([-1.0, 1.0], n) * rng.uniform(20, 26, n)
+            x["rollout_logprobs"][:, -2] = x["old_logprobs"][:, -2] + rng.uniform(19, 25, n)
+            opc = OPC_VARIANTS[name]
+            add(f"opc/{name}", "opc", {"opc": opc, "jaxrl_cfg": loss_opts("regular", opc=opc)["jaxrl_cfg"]},
+                {"old_logprobs": x["old_logprobs"], "rollout_logprobs": x["rollout_logprobs"],
+                 "loss_mask": x["loss_mask"]})
+    add("opc/tis_sequence", "opc", {"opc": OPC_VARIANTS["tis_sequence"],
+                                    "jaxrl_cfg": loss_opts("regular", opc=OPC_VARIANTS["tis_sequence"])["jaxrl_cfg"]},
+        {"old_logprobs": np.array([[0.0, -24.0]]), "rollout_logprobs": np.array([[-25.0, 0.0]]),
+         "loss_mask": np.ones((1, 2))})
     for loss, opts in (("regular", {}), ("dual_clip", {}), ("gspo", {}), ("cispo", {}), ("sapo", {})):
         for name, opc in OPC_VARIANTS.items():
             for reduction, msl in reductions[:2]:
@@ -246,7 +267,7 @@ def build_cases():
                 add(f"loss/{loss}+opc", "loss", loss_opts(loss, reduction, msl, opc=opc, **opts), x)
     # --- KL estimators (values and vector-Jacobian products), KL in the reward with both controllers
     for est in ("k1", "k2", "k3", "abs"):
-        for regime in ("tiny", "small", "large", "huge"):
+        for regime in ("on_policy", "tiny", "small", "large", "huge"):  # on_policy: π = π_ref, abs's kink
             for _ in range(2):
                 n = int(rng.choice([4, 8]))
                 x = loss_inputs(rng, n, regime)

@@ -130,16 +130,29 @@ def build():
          {"logprobs": one(-1.0), "old_logprobs": one(-26.0), "advantages": one(-1.0), "loss_mask": one(1.0)}),
         "loss", math.exp(20.0), math.exp(25.0))
 
-    # 11. Sequence TIS with a token beyond |log ρ| = 20: jaxrl clamps each token's log ρ to ±20 before the sum,
-    # SkyRL clamps only the sum. log ρ = [25, -24] (log π_old = [0, -24], log μ = [-25, 0]), cap 5: jaxrl
-    # exp(20 - 20) = 1, SkyRL exp(1) = e. (Issue 25 may make this SkyRL's; then this entry moves.)
-    add("sequence_tis_clamp", "convention",
-        "sequence TIS / geometric / product masks: jaxrl clamps each token's log ρ to ±20, SkyRL the row's sum",
-        ("opc", {"opc": {"tis_ratio_type": "sequence", "sequence_tis_ratio_clip_high": 5.0},
-                 "jaxrl_cfg": loss_opts("regular", opc={"tis_ratio_type": "sequence",
-                                                        "sequence_tis_ratio_clip_high": 5.0})["jaxrl_cfg"]},
-         {"old_logprobs": one(0.0, -24.0), "rollout_logprobs": one(-25.0, 0.0), "loss_mask": one(1, 1)}),
-        "factor", np.ones((1, 2)), np.full((1, 2), E))
+    # 11a. The loss's own metrics count only the tokens in the loss (jaxrl, issue 25 §2: a metric never counts what
+    # a mask removed); SkyRL computes them before the off-policy masks. regular, two rows of one token: row 0 has
+    # r = 2 (clipped at 1.2, A = 1) and ρ = 2, which the outlier mask (high 1.5) drops; row 1 r = 1. jaxrl's
+    # clip_ratio 0/2 = 0, SkyRL's 1/2.
+    outlier = {"outlier_token_is_threshold_high": 1.5}
+    add("loss_metrics_skip_masked_tokens", "convention",
+        "the loss's own metrics (clip_ratio, ...) count only tokens still in the loss; SkyRL's count tokens the "
+        "off-policy masks drop",
+        ("loss", loss_opts("regular", "token_mean", opc=outlier),
+         {"logprobs": np.log([[2.0], [1.0]]), "old_logprobs": np.zeros((2, 1)), "advantages": np.ones((2, 1)),
+          "loss_mask": np.ones((2, 1)), "rollout_logprobs": -np.log([[2.0], [1.0]])}),
+        "metric/clip_ratio", 0.0, 0.5)
+
+    # 11b. TIS metrics after the sequence mask: jaxrl counts capped rows / tokens that every mask kept; SkyRL's
+    # are computed before the sequence mask. One token, ρ = 3: sequence TIS cap 2 caps it, the geometric mask
+    # [0.9, 1.1] then drops the row. jaxrl 0, SkyRL 1.
+    seq_geo = {"tis_ratio_type": "sequence", "sequence_tis_ratio_clip_high": 2.0, "sequence_mask_metric": "geometric",
+               "geo_mask_low": 0.9, "geo_mask_high": 1.1}
+    add("tis_metrics_after_sequence_mask", "convention",
+        "tis_*_clip_high_ratio count only what the sequence mask kept; SkyRL's count rows it drops afterwards",
+        ("opc", {"opc": seq_geo, "jaxrl_cfg": loss_opts("regular", opc=seq_geo)["jaxrl_cfg"]},
+         {"old_logprobs": np.log([[3.0]]), "rollout_logprobs": np.zeros((1, 1)), "loss_mask": np.ones((1, 1))}),
+        "metric/tis_seq_clip_high_ratio", 0.0, 1.0)
 
     # 12. is_ratio_min: SkyRL takes the min of ρ·mask, so any masked position makes it 0; jaxrl's is over loss
     # tokens. Mask [1, 0], ρ = [e^0.5, 1] (token TIS on to enable the correction).

@@ -1,8 +1,7 @@
 """The SkyRL differential tier: jaxrl.rl against SkyRL 0.3.0's own functions on seeded inputs.
 
 One test per compared pair (cases.py) over all its cases, values and gradients; every intentional difference of
-differences.py (listed in docs/recipes.md) asserted AS a difference, with both sides' values; the two pairs that
-wait for issue 25 as strict xfails. SkyRL runs in its own environment (install_env.py, built on first use and
+differences.py (listed in docs/recipes.md) asserted AS a difference, with both sides' values. SkyRL runs in its own environment (install_env.py, built on first use and
 cached under ~/.cache/jaxrl/), once for all cases, in float32 and float64.
 """
 from __future__ import annotations
@@ -61,27 +60,12 @@ def test_pair(pair, skyrl):
     """Every case of the pair agrees within float32 rounding (values, gradients, metrics)."""
     failures, counts = [], collections.Counter()
     for case in (c for c in AGREEMENT if c["pair"] == pair):
-        for key, ok, how, err in compare_case(case, skyrl, lambda c, k: not compare.pending_issue25(c, k)):
+        for key, ok, how, err in compare_case(case, skyrl, lambda c, k: True):
             counts[how] += 1
             if not ok:
                 failures.append(f"{case['id']} {key}: max error {err:.3g} (opts {case['opts']})")
     assert counts, f"{pair}: nothing compared"
     assert not failures, f"{len(failures)} of {sum(counts.values())} comparisons differ:\n" + "\n".join(failures[:20])
-
-
-PENDING = list(compare.PENDING_PAIRS)
-
-
-@pytest.mark.xfail(strict=True, reason="pending issue 25 (the kl_cov kink gradient; tis_token_clip_high_ratio "
-                                       "counting tokens a mask dropped): flips to a pass when that fix lands")
-@pytest.mark.parametrize("pair", PENDING)
-def test_pending_issue25(pair, skyrl):
-    failures = []
-    for case in (c for c in AGREEMENT if c["pair"] == pair):
-        for key, ok, how, err in compare_case(case, skyrl, compare.pending_issue25):
-            if not ok:
-                failures.append(f"{case['id']} {key}: {err:.3g}")
-    assert not failures, "\n".join(failures[:10])
 
 
 def _flat(d, prefix=""):

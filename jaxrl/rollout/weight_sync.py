@@ -233,6 +233,10 @@ def publish(params: Any, sync_dir: str, version: int, keep: int = 2, dtype: Opti
     names = [".".join(_key_str(k) for k in path) for path, _ in leaves_with_path]
     nbytes = int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize for _, x in leaves_with_path))
     try:
+        if primary:  # a version that cannot fit fails here, before Orbax starts (fileio.require_free_space)
+            from jaxrl.fileio import require_free_space
+
+            require_free_space(tmp, nbytes, f"policy version {version}")
         ocp.PyTreeCheckpointer().save(os.path.join(tmp, PARAMS_ITEM), tree)
         _sync_processes(f"jaxrl_publish_saved_{version}")
         if primary:

@@ -42,10 +42,21 @@ def eval_sampling(c) -> SamplingParams:
 
 
 def score(trajs: Sequence[Trajectory], success_threshold: float) -> dict[str, float]:
-    """`eval/success_rate` (share of rewards >= threshold) and `eval/avg_reward` of `trajs` (one per prompt)."""
-    rewards = np.array([t.reward for t in trajs], np.float64)
-    return {"eval/success_rate": float(np.mean(rewards >= success_threshold)),
-            "eval/avg_reward": float(rewards.mean())}
+    """The held-out metrics of `trajs` (one per prompt).
+
+    `eval/success_rate` p (share of rewards >= threshold), its binomial standard error
+    `eval/success_rate_stderr` = sqrt(p(1 − p)/n) over the n scored prompts (the spread to expect
+    from another draw of as many prompts, or of the samples at a temperature > 0), `eval/avg_reward`,
+    and `eval/num_excluded`: trajectories that failed for infrastructure reasons (env_error,
+    invalid_output) are not scored (they say nothing about the policy), as in training."""
+    from jaxrl.train.batching import is_excluded
+
+    kept = [t for t in trajs if not is_excluded(t)]
+    rewards = np.array([t.reward for t in kept], np.float64)
+    n = len(rewards)
+    p = float(np.mean(rewards >= success_threshold)) if n else 0.0
+    return {"eval/success_rate": p, "eval/success_rate_stderr": float(np.sqrt(p * (1 - p) / n)) if n else 0.0,
+            "eval/avg_reward": float(rewards.mean()) if n else 0.0, "eval/num_excluded": len(trajs) - n}
 
 
 def evaluate(c, tasks, generate: Callable[[Any, SamplingParams, int], list[Trajectory]]):

@@ -115,6 +115,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.generator.eval_sampling_params = ml_collections.ConfigDict()
     c.generator.eval_sampling_params.temperature = 1.0
     c.generator.eval_sampling_params.greedy = True
+    c.generator.eval_sampling_params.n_samples = 1  # episodes per held-out prompt when not greedy
     # Benchmark/test knob: every episode takes at least this long (s), as slow multi-turn episodes
     # do; a group's delay is episode_delay_s * (1 + jitter * (2u - 1)), u uniform from (seed, prompt).
     c.generator.episode_delay_s = 0.0
@@ -314,6 +315,7 @@ KEY_DOCS: dict[str, str] = {
     "generator.sampling_params.top_k": "top-k of training rollouts; -1 or 0 = off",
     "generator.eval_sampling_params.temperature": "temperature of held-out evaluation when greedy is False",
     "generator.eval_sampling_params.greedy": "held-out evaluation decodes greedily (argmax)",
+    "generator.eval_sampling_params.n_samples": "episodes per held-out prompt when not greedy (success over all)",
     "generator.episode_delay_s": "benchmark/test knob: every episode takes at least this long (s); 0 = off",
     "generator.episode_delay_jitter": "spread of episode_delay_s per prompt, in [0, 1]: d x (1 + jitter x (2u - 1))",
     # Harbor terminal tasks
@@ -1167,6 +1169,9 @@ def _validate_logprobs_mode(c: ml_collections.ConfigDict) -> None:
     from jaxrl.rollout.types import LOGPROBS_MODES
 
     g, sp, es = c.generator, c.generator.sampling_params, c.generator.eval_sampling_params
+    n = es.get("n_samples", 1)
+    _require(isinstance(n, int) and not isinstance(n, bool) and n >= 1, "generator.eval_sampling_params.n_samples",
+             f"{n!r} is not a count", "use an integer >= 1 (episodes per held-out prompt)")
     _require(g.logprobs_mode in LOGPROBS_MODES, "generator.logprobs_mode", f"unknown mode {g.logprobs_mode!r}",
              "use 'full' (log softmax(logits / T) over the vocabulary, the trainer's definition) or 'sampled' "
              "(the distribution actually sampled, after top-p/top-k)")

@@ -42,20 +42,26 @@ def eval_sampling(c) -> SamplingParams:
 
 
 def score(trajs: Sequence[Trajectory], success_threshold: float) -> dict[str, float]:
-    """`eval/success_rate` (share of rewards >= threshold) and `eval/avg_reward` of `trajs` (one per prompt)."""
+    """`eval/success_rate` (share of rewards >= threshold over all episodes), its binomial standard
+    error `eval/success_rate_se` (sqrt(p (1 - p) / n), n the number of episodes; samples of one task
+    counted as independent) and `eval/avg_reward` of `trajs`."""
     rewards = np.array([t.reward for t in trajs], np.float64)
-    return {"eval/success_rate": float(np.mean(rewards >= success_threshold)),
+    p = float(np.mean(rewards >= success_threshold))
+    return {"eval/success_rate": p, "eval/success_rate_se": float(np.sqrt(p * (1.0 - p) / len(rewards))),
             "eval/avg_reward": float(rewards.mean())}
 
 
 def evaluate(c, tasks, generate: Callable[[Any, SamplingParams, int], list[Trajectory]]):
-    """Rolls out `tasks` once each with `generate(tasks, sampling, n)` and scores them.
+    """Rolls out `tasks` `generator.eval_sampling_params.n_samples` times each (1 when greedy) with
+    `generate(tasks, sampling, n)` and scores every episode.
 
     Returns (metrics dict of `score`, the trajectories); ({}, []) for no tasks.
     """
     if not tasks:
         return {}, []
-    trajs = generate(tasks, eval_sampling(c), 1)
+    es = c.generator.eval_sampling_params
+    n = 1 if es.greedy else int(es.get("n_samples", 1))
+    trajs = generate(tasks, eval_sampling(c), n)
     return score(trajs, c.trainer.success_threshold), trajs
 
 
@@ -83,5 +89,7 @@ def describe(c, source) -> str:
     n = len(source.eval_batch())
     es = c.generator.eval_sampling_params
     decoding = "greedy" if es.greedy else f"temperature {es.temperature:g}"
+    if not es.greedy and int(es.get("n_samples", 1)) > 1:
+        decoding += f", {int(es.n_samples)} episodes per prompt"
     return (f"{n} prompt{'s' if n != 1 else ''} of {source.heldout_kind}, {decoding}, success = reward >= "
             f"{c.trainer.success_threshold:g}")

@@ -126,6 +126,19 @@ def base_config() -> ml_collections.ConfigDict:
     c.harbor.prompt_style = "terminus-2"  # terminus-2 (Harbor's own texts, the seed runs' agent) | compact (embedded policy)
     c.harbor.harbor_wheel = ""  # a harbor wheel to read terminus-2's texts from; "" = the installed harbor package
     c.harbor.strict_json_parser = False  # True: no auto-correction, a response with warnings runs nothing
+    c.harbor.stop_agent_processes = False  # kill the agent's processes before the verifier (Harbor: they keep running)
+    # What a failed trial counts for (jaxrl/train/error_policy.py): per error class (an outcome, or
+    # Harbor's exception name) mask / passthrough / zero, retries. The :qwen3_8b scale sets the seed runs'.
+    c.harbor.error_policy = ml_collections.ConfigDict()
+    c.harbor.error_policy.mask = ()
+    c.harbor.error_policy.passthrough = ("agent_timeout",)
+    c.harbor.error_policy.zero = ()
+    c.harbor.error_policy.default = "zero"
+    c.harbor.error_policy.no_retry = ()
+    c.harbor.error_policy.max_retries = 0
+    c.harbor.error_policy.min_wait_sec = 1.0
+    c.harbor.error_policy.max_wait_sec = 60.0
+    c.harbor.error_policy.wait_multiplier = 1.0
     c.harbor.agent_timeout_sec = 0.0  # the agent's wall-clock budget per trial; 0 = each task's [agent] timeout_sec
     c.harbor.verifier_timeout_sec = 0.0  # 0 = each task's [verifier] timeout_sec
     c.harbor.command_timeout_sec = 60.0  # cap on one command's wait (Terminus: 60 s)
@@ -322,6 +335,16 @@ KEY_DOCS: dict[str, str] = {
     "harbor.prompt_style": "agent prompt: terminus-2 (Harbor's own texts, read at run time) | compact (embedded policy)",
     "harbor.harbor_wheel": "path of a harbor wheel holding terminus-2's texts; '' = the installed harbor package",
     "harbor.strict_json_parser": "strict Terminus-2 parsing: no auto-correction, responses with warnings run nothing",
+    "harbor.stop_agent_processes": "kill the agent's processes before the verifier runs (Harbor keeps them running)",
+    "harbor.error_policy.mask": "error classes left out of the loss and the baselines (outcome or Harbor names)",
+    "harbor.error_policy.passthrough": "error classes keeping the verifier's reward (e.g. agent_timeout)",
+    "harbor.error_policy.zero": "error classes trained on with reward 0",
+    "harbor.error_policy.default": "treatment of error classes in no list: mask | passthrough | zero",
+    "harbor.error_policy.no_retry": "error classes never retried (Harbor's exclude_exceptions)",
+    "harbor.error_policy.max_retries": "times a failed trial is played again (0 = never)",
+    "harbor.error_policy.min_wait_sec": "shortest wait before a retry (s)",
+    "harbor.error_policy.max_wait_sec": "longest wait before a retry (s)",
+    "harbor.error_policy.wait_multiplier": "retry wait = clip(wait_multiplier * 2**attempt, min, max) seconds",
     "harbor.agent_timeout_sec": "agent's wall-clock budget per trial (s); 0 = the task's [agent] timeout_sec",
     "harbor.verifier_timeout_sec": "verifier's wall-clock limit per trial (s); 0 = the task's [verifier] timeout_sec",
     "harbor.command_timeout_sec": "cap in seconds on one command's wait (Terminus: 60)",
@@ -675,6 +698,17 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     c.generator.chat_template = "keep_thinking"
     c.data.verify_tasks = True
     c.harbor.prompt_style = "terminus-2"
+    # the seed runs' error policy (56GPU_qwen3_8b.yaml terminal_bench.harbor, Harbor's exception names)
+    ep = c.harbor.error_policy
+    ep.mask = ("DaytonaError", "EnvironmentStartTimeoutError", "NetworkError", "ConnectionError",
+               "RewardFileNotFoundError", "RewardFileEmptyError", "AgentEnvironmentTimeoutError",
+               "ContextLengthExceededError")
+    ep.passthrough = ("AgentTimeoutError",)
+    ep.zero = ()
+    ep.default = "zero"
+    ep.no_retry = ("VerifierTimeoutError", "VerifierRuntimeError", "RewardFileNotFoundError", "RewardFileEmptyError",
+                   "VerifierOutputParseError")
+    ep.max_retries, ep.min_wait_sec, ep.max_wait_sec, ep.wait_multiplier = 3, 60.0, 600.0, 2.0
     c.harbor.agent_timeout_sec = 900.0
     c.harbor.verifier_timeout_sec = 120.0
     c.trainer.algorithm.max_seq_len = 32768
@@ -1123,6 +1157,15 @@ def _validate_harbor(c: ml_collections.ConfigDict, check_inputs: bool) -> None:
              f"use one of {list(PROMPT_STYLES)}")
     _require(isinstance(h.strict_json_parser, bool), "harbor.strict_json_parser", "must be True or False",
              "use False (Harbor 0.26's parser) or True")
+    _require(isinstance(h.stop_agent_processes, bool), "harbor.stop_agent_processes", "must be True or False",
+             "use False (Harbor: the agent's processes run through verification) or True")
+    from jaxrl.train.error_policy import ErrorPolicy
+
+    try:
+        ErrorPolicy.from_config(h.error_policy)
+    except (ValueError, TypeError) as e:
+        raise ConfigError("harbor.error_policy", str(e), "use jaxrl's outcome names or Harbor's exception names "
+                          "(docs/terminal_tasks.md lists them)") from None
     if h.prompt_style == "terminus-2" and check_inputs and _is_harbor_run(c):
         from jaxrl.envs.harbor.terminus2 import HarborFilesError, terminus2_texts
 

@@ -310,7 +310,7 @@ KEY_DOCS: dict[str, str] = {
     "generator.num_sidecars": "JAX sidecar processes the trainer spawns (backend=jax without sidecar_urls)",
     "generator.token_file": "shared secret of the sidecars' weight-load endpoint; '' = workdir/.sidecar_token",
     "generator.logprobs_mode": "engine logprobs: full (log softmax(logits/T), the trainer's) | sampled (after "
-                               "top-p/k)",
+                               "top-p/k) | raw (log softmax(logits) at T 1, vLLM's default, the seed runs')",
     "generator.gpu_memory_utilization": "share (0-1) of each GPU a sidecar engine claims; no effect on CPU",
     "generator.colocate_with_trainer": "backend=vllm: the vLLM sidecars share the trainer's GPUs",
     "generator.n_samples_per_prompt": "samples per prompt: one group of n trajectories for the group advantages",
@@ -653,10 +653,11 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     compute, full remat, cuDNN attention, FSDP over 8 devices per replica, vLLM sidecars, and
     the seed runs' terminal-agent settings: `data.dataset_path` takes a Harbor task set (task
     directory, folder, DCAgent .parquet) as well as a prompt file; the Terminus prompt, agent
-    900 s, verifier 120 s, the verifier sanity gate, sampling temperature 0.7 / top-p 0.95 /
-    top-k 20, a 32k-token context (32,000 input tokens) and 4,096 tokens per turn. With top-p /
-    top-k on at T != 1 no vLLM mode returns "full" logprobs, so `generator.logprobs_mode` is
-    "sampled" (vLLM --logprobs-mode processed_logprobs: the distribution actually sampled). Thinking
+    900 s, verifier 120 s, the verifier sanity gate, the seed run's sampling (temperature 1.2 /
+    top-p 0.95 / top-k 20), a 32k-token context (32,000 input tokens) and 4,096 tokens per turn.
+    The engine's logprobs are "raw" (temperature 1, full vocabulary: vLLM's default raw_logprobs,
+    which the seed runs trained with), the trainer's at temperature 1.2; rl_config.json says so
+    (`_derived.logprobs`). The error policy is the seed runs' (`harbor.error_policy`). Thinking
     is on, and message renderings keep the `<think>` block of past turns
     (`generator.chat_template=keep_thinking`), as in the seed runs.
 
@@ -689,9 +690,11 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     c.generator.sampling_params.max_generate_length = 4096
     c.generator.max_input_tokens = 32000
     sp = c.generator.sampling_params
-    sp.temperature, sp.top_p, sp.top_k = 0.7, 0.95, 20
-    c.trainer.algorithm.temperature = 0.7  # pi_old at the sampling temperature
-    c.generator.logprobs_mode = "sampled"  # the only definition vLLM returns at these settings
+    sp.temperature, sp.top_p, sp.top_k = 1.2, 0.95, 20  # 56GPU_qwen3_8b.yaml (later seed runs: 0.7)
+    c.trainer.algorithm.temperature = 1.2  # pi_theta / pi_old at the sampling temperature (SkyRL's default)
+    # The seed runs' vLLM returned its default raw_logprobs (temperature 1, before top-p/top-k) as mu;
+    # "sampled" (the truncated distribution at T 1.2) is the consistent alternative (docs/recipes.md).
+    c.generator.logprobs_mode = "raw"
     # The seed runs think (chat_template_kwargs enable_thinking: true) and their vLLM renders every
     # past assistant turn with its <think> block (qwen3_thinking_acc.jinja2): jaxrl/envs/chat.py.
     c.generator.enable_thinking = True
@@ -1245,6 +1248,24 @@ def rollout_max_seq_len(c: ml_collections.ConfigDict) -> int:
 def to_json_dict(c: ml_collections.ConfigDict) -> dict[str, Any]:
     """A JSON-serializable dict of the resolved config (tuples become lists)."""
     return json.loads(c.to_json_best_effort())
+
+
+def logprob_definitions(c: ml_collections.ConfigDict) -> dict[str, str]:
+    """In words, which log-probabilities a run trains with (rl_config.json `_derived.logprobs`):
+    `trainer` (π_θ and π_old: the trainer's forward), `engine` (μ: what the rollout engine returns
+    for each sampled token, `generator.logprobs_mode`), `sampling` (what drew the tokens) and
+    `ratio` (what the PPO ratio and TIS weight compare)."""
+    sp, a, mode = c.generator.sampling_params, c.trainer.algorithm, c.generator.logprobs_mode
+    filt = f", top-p {sp.top_p:g}, top-k {sp.top_k}" if (sp.top_p < 1 or sp.top_k > 0) else ""
+    engine = {"full": f"log_softmax(logits / {sp.temperature:g}) over the full vocabulary",
+              "sampled": f"log_softmax over the tokens top-p/top-k keep of logits / {sp.temperature:g} (the "
+                         "distribution sampled)",
+              "raw": "log_softmax(logits) at temperature 1 over the full vocabulary (vLLM's raw_logprobs, as the "
+                     "seed runs' vLLM returned)"}.get(mode, mode)
+    return {"trainer": f"log_softmax(logits / {a.temperature:g}) over the full vocabulary",
+            "engine": engine, "sampling": f"temperature {sp.temperature:g}{filt}",
+            "ratio": "PPO ratio pi_theta / pi_old (both the trainer's); TIS / off-policy weight pi_old / mu with "
+                     "mu the engine's logprob above"}
 
 
 def write_json_atomic(path: str, obj: Any) -> None:

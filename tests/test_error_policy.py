@@ -139,3 +139,20 @@ def test_8b_default_is_the_seed_policy_and_bad_names_are_one_line():
     c.harbor.error_policy.mask = ("NoSuchError",)
     with pytest.raises(ConfigError, match="harbor.error_policy"):
         validate(c, num_devices=8, check_inputs=False)
+
+
+def test_rl_config_states_the_logprob_definitions(tmp_path):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs"))
+    import rloo
+    from jaxrl.train.rundir import check_resume_config
+
+    c = rloo.get_config("qwen3_8b")
+    check_resume_config(c, str(tmp_path), write=True)
+    d = json.loads((tmp_path / "rl_config.json").read_text())["_derived"]["logprobs"]
+    assert d["trainer"] == "log_softmax(logits / 1.2) over the full vocabulary"
+    assert d["engine"].startswith("log_softmax(logits) at temperature 1") and "raw_logprobs" in d["engine"]
+    assert d["sampling"] == "temperature 1.2, top-p 0.95, top-k 20"
+    check_resume_config(c, str(tmp_path), write=False)  # the notes do not count as a config difference
+    from jaxrl.policy import read_run_config
+
+    assert read_run_config(str(tmp_path / "rl_config.json")).generator.logprobs_mode == "raw"

@@ -298,6 +298,12 @@ def test_vllm_logprob_modes_follow_vllms_sampler():
     assert logprob_modes.vllm_mode_for("sampled", 0.7, 0.9, 20) == "processed_logprobs"
     with pytest.raises(ValueError, match="no vLLM logprobs mode"):
         logprob_modes.vllm_mode_for("full", 0.7, 0.9, -1)
+    # "raw" (the seed runs' mu): vLLM's raw_logprobs at any settings; processed only at T 1 unfiltered
+    for (t, p, k) in cases:
+        assert logprob_modes.vllm_gap("raw_logprobs", "raw", t, p, k) is None
+        assert (logprob_modes.vllm_gap("processed_logprobs", "raw", t, p, k) is None) == (t == 1.0 and p == 1.0
+                                                                                          and k <= 0)
+    assert logprob_modes.vllm_mode_for("raw", 1.2, 0.95, 20) == "raw_logprobs"  # the seed sampling
 
 
 def test_front_reaches_vllm_on_a_unix_socket(published, monkeypatch, tmp_path):

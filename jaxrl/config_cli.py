@@ -45,6 +45,7 @@ def load(spec: str) -> dict[str, Any]:
                                          "rl_config.json or a recipe such as configs/rloo.py") from None
         if not isinstance(obj, dict):
             raise config_lib.ConfigError(f"{spec}: not a JSON object. Fix: pass a run's rl_config.json")
+        obj.pop("_derived", None)  # notes derived from the config, not keys
         return {k: tuple(v) if isinstance(v, list) else v for k, v in config_lib.flatten(obj).items()}
     return config_lib.flatten(config_lib.load_recipe(spec))
 

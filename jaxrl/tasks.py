@@ -25,7 +25,7 @@ def _trial_config(args, keep: str) -> TrialConfig:
     sb = SandboxConfig(backend=UNSAFE_HOST_BACKEND if args.UNSAFE_no_sandbox else "bwrap",
                        limits_backend=args.limits, host_uid=args.host_uid)
     return TrialConfig(agent_timeout_sec=args.agent_timeout, verifier_timeout_sec=args.verifier_timeout,
-                       sandbox=sb, keep=keep)
+                       sandbox=sb, keep=keep, stop_agent_processes=args.stop_agent_processes)
 
 
 def _load(args):
@@ -155,6 +155,9 @@ def main(argv=None) -> int:
         sp.add_argument("--host-uid", type=int, default=None,
                         help="as root: run sandboxes as this unprivileged host uid (needed for rlimits as root)")
         sp.add_argument("--trials-dir", default=None, help="keep the trial directories here")
+        sp.add_argument("--stop-agent-processes", action="store_true",
+                        help="kill the agent's (oracle's) processes before the verifier runs (default: they keep "
+                             "running through verification, as in Harbor)")
         sp.add_argument("--UNSAFE-no-sandbox", dest="UNSAFE_no_sandbox", action="store_true",
                         help="run task and agent commands directly on this host WITHOUT ISOLATION (disposable "
                              "machines only; one trial at a time)")

@@ -61,7 +61,7 @@ import make_default_policy as mdp  # noqa: E402  (batching, the prefix-cached lo
 import make_default_tokenizer as mdt  # noqa: E402  (pre-tokenizer, added tokens, chat template)
 
 from jaxrl.envs.chat import ChatTemplate, load_tokenizer  # noqa: E402
-from jaxrl.envs.harbor.agent import COMPACT, INITIAL_SCREEN, TERMINUS, initial_prompt  # noqa: E402
+from jaxrl.envs.harbor.agent import COMPACT, INITIAL_SCREEN, initial_prompt  # noqa: E402
 from jaxrl.envs.harbor.families import make_task  # noqa: E402
 from jaxrl.models import hf_io, qwen3  # noqa: E402
 
@@ -150,6 +150,57 @@ def episode_example(chat: ChatTemplate, spec) -> tuple[list[int], list[int]]:
 
 # ---- tokenizer ----------------------------------------------------------------------------------
 
+
+# jaxrl's earlier wording of a Terminus-style prompt, kept only as tokenizer training text so that the
+# embedded policy's tokenizer rebuilds byte for byte (--check); no prompt uses it.
+_TOKENIZER_PROMPT = """You are an AI assistant that solves command-line tasks in a Linux environment. You are given \
+a task description and the output of the commands run so far, and you solve the task by sending batches of \
+shell commands to a terminal.
+
+Format your response as one JSON object with this structure:
+
+{{
+  "analysis": "What the current terminal output shows: what has been done and what remains to do.",
+  "plan": "The next steps: which commands you will run and what each one should achieve.",
+  "commands": [
+    {{
+      "keystrokes": "ls -la\\n",
+      "duration": 0.1
+    }},
+    {{
+      "keystrokes": "cd project\\n",
+      "duration": 0.1
+    }}
+  ],
+  "task_complete": true
+}}
+
+Required fields:
+- "analysis": your reading of the current situation
+- "plan": your plan for the next steps
+- "commands": an array of commands to run (it may be empty)
+
+Optional fields:
+- "task_complete": true once the task is done (default false)
+
+Each command has:
+- "keystrokes": the exact text sent to the terminal; it is typed verbatim. End a command with a newline \
+("\\n") to run it. Special keys use tmux names, such as "C-c" for Ctrl+C and "C-d" for Ctrl+D, given alone \
+as the keystrokes.
+- "duration": how many seconds to wait for the command before the next one is sent (default 1.0, at most \
+60). Use short waits (0.1) for quick commands such as cd, ls, echo or cat, and longer ones for compilers, \
+tests or downloads. Never wait longer than needed: an empty command ("keystrokes": "") with a duration just \
+waits, and you can always wait again later.
+
+The text inside "keystrokes" must be valid JSON string content: escape newlines as \\n and quotes as \\".
+
+Task Description:
+{instruction}
+
+Current terminal state:
+{terminal_state}
+"""
+
 def build_corpus(seed: int = SEED) -> list[str]:
     """Texts the BPE is trained on: rendered oracle episodes of write-file (train seeds) and py-return,
     the Terminus prompt, and the loop's feedback texts."""
@@ -158,9 +209,10 @@ def build_corpus(seed: int = SEED) -> list[str]:
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
     template = env.from_string(mdt.CHAT_TEMPLATE)
     rng = random.Random(seed)
-    texts = [initial_prompt("Create the file /app/notes.txt containing the word apple.", INITIAL_SCREEN, TERMINUS)] * 5
-    texts += [COMPACT.parse_error.format(error="No valid JSON object found in the response", warnings=""),
-              COMPACT.warnings.format(warnings="- Extra text detected after JSON object", output="")] * 5
+    texts = [_TOKENIZER_PROMPT.format(instruction="Create the file /app/notes.txt containing the word apple.",
+                                      terminal_state=INITIAL_SCREEN)] * 5
+    texts += [COMPACT.parse_error.format(feedback="ERROR: No valid JSON object found in the response"),
+              COMPACT.warnings.format(feedback="WARNINGS: - Extra text detected after JSON object", output="")] * 5
     specs = [make_task(FAMILY, s) for s in TRAIN_SEEDS] + [make_task("py-return", rng.randrange(16000))
                                                            for _ in range(400)]
     for spec in specs:

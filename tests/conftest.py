@@ -77,7 +77,7 @@ def chat(tok):
 # (2 cores, 2026-12-01: 256 s for test_trainer.py down to 40 s for test_harbor_trials.py).
 LONGEST_FILES_FIRST = (
     "test_trainer.py", "test_async.py", "test_train_step.py", "test_qwen3.py", "test_launch.py",
-    "test_losses.py", "test_default_policy.py", "test_trainer_algorithms.py", "test_terminal_trainer.py",
+    "test_losses.py", "test_skyrl_diff.py", "test_default_policy.py", "test_trainer_algorithms.py", "test_terminal_trainer.py",
     "test_sampler.py", "test_parallel.py", "test_evaluate.py", "test_sidecar.py", "test_plan.py",
     "test_terminal_policy.py", "test_harbor_trials.py",
 )

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
     ({"reward.txt": " 0.25\n"}, 0.25, Outcome.OK),
     ({"reward.txt": "-3e-1"}, -0.3, Outcome.OK),
     ({"reward.txt": ""}, None, Outcome.REWARD_EMPTY),
-    ({"reward.txt": "\n  \n"}, None, Outcome.REWARD_EMPTY),
+    ({"reward.txt": "\n  \n"}, None, Outcome.REWARD_UNPARSABLE),  # Harbor: empty means 0 bytes
     ({"reward.txt": "yes"}, None, Outcome.REWARD_UNPARSABLE),
     ({"reward.txt": "1 1"}, None, Outcome.REWARD_UNPARSABLE),
     ({"reward.txt": "nan"}, None, Outcome.REWARD_UNPARSABLE),
@@ -43,9 +43,12 @@ REPO = Path(__file__).resolve().parents[1]
     ({"reward.json": '{"pass_ratio": 0.75}'}, 0.75, Outcome.OK),
     ({"reward.json": '{"a": 1, "b": 0}'}, None, Outcome.REWARD_UNPARSABLE),
     ({"reward.json": '[1]'}, None, Outcome.REWARD_UNPARSABLE),
-    ({"reward.json": '{"reward": true}'}, None, Outcome.REWARD_UNPARSABLE),
+    ({"reward.json": '{"reward": true}'}, 1.0, Outcome.OK),  # a bool is a number to Harbor
+    ({"reward.json": '0.5'}, 0.5, Outcome.OK),
+    ({"reward.json": '{"reward": NaN}'}, None, Outcome.REWARD_UNPARSABLE),
     ({"reward.json": ''}, None, Outcome.REWARD_EMPTY),
-    ({"reward.txt": "0", "reward.json": '{"reward": 1}'}, 0.0, Outcome.OK),  # reward.txt wins
+    ({"reward.txt": "0", "reward.json": '{"reward": 1}'}, 1.0, Outcome.OK),  # reward.json wins (Harbor)
+    ({"reward.txt": "1", "reward.json": ''}, None, Outcome.REWARD_EMPTY),  # an empty reward.json is not skipped
     ({}, None, Outcome.REWARD_MISSING),
 ])
 def test_parse_reward(tmp_path, files, reward, outcome):

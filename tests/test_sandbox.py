@@ -428,9 +428,19 @@ def test_background_processes_do_not_survive(tmp_path):
         while not all(processes_with(f"{i}{m}") for i in (4, 5, 6)) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert processes_with(f"4{m}") and processes_with(f"5{m}") and processes_with(f"6{m}")
-        v = trial.verify()  # the agent phase ends: its processes are killed before the verifier runs
+        v = trial.verify()  # as in Harbor, the agent's processes live through verification ...
         assert v.outcome == Outcome.OK
-        assert _gone([f"4{m}", f"5{m}", f"6{m}"]), [processes_with(f"{i}{m}") for i in (4, 5, 6)]
+        assert processes_with(f"4{m}") and processes_with(f"5{m}") and processes_with(f"6{m}")
+    # ... and die with the trial
+    assert _gone([f"4{m}", f"5{m}", f"6{m}"]), [processes_with(f"{i}{m}") for i in (4, 5, 6)]
+    with Trial(task, tmp_path / "trial2", TrialConfig(stop_agent_processes=True)) as trial:
+        trial.send_keys(f"setsid sleep 7{m} & disown\n", 2)
+        deadline = time.monotonic() + 15
+        while not processes_with(f"7{m}") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert processes_with(f"7{m}")
+        trial.verify()  # stop_agent_processes: killed before the verifier runs
+        assert _gone([f"7{m}"]), processes_with(f"7{m}")
 
 
 def _gone(markers, within: float = 5.0) -> bool:

@@ -12,9 +12,10 @@ import pytest
 
 from envs_fakes import ScriptedGenerator
 from harbor_helpers import make_task
+from harbor_wheel import harbor_wheel
 from jaxrl.envs import RolloutConfig, run_rollouts
 from jaxrl.envs.harbor import Outcome, TrialConfig
-from jaxrl.envs.harbor.agent import (COMPACT, TERMINUS, AgentConfig, Command, TerminusEnvFactory, episode_markdown,
+from jaxrl.envs.harbor.agent import (COMPACT, AgentConfig, Command, TerminusEnvFactory, episode_markdown,
                                      initial_prompt, parse_response, rollout_tasks)
 from jaxrl.rollout.types import SamplingParams
 
@@ -32,11 +33,13 @@ DONE = ("echo done > /app/done.txt\n", WAIT)
 
 
 def run(chat, tasks, policy, *, n=1, max_turns=4, max_tokens=400, max_seq_len=4096, max_input_tokens=None,
-        workers=4, style="compact", trial=TrialConfig(keep="none"), trials_dir=None):
+        workers=4, style="compact", trial=TrialConfig(keep="none"), trials_dir=None, strict=False):
     gen = ScriptedGenerator(chat, policy)
     cfg = RolloutConfig(n_samples_per_prompt=n, max_turns=max_turns, max_tokens_per_turn=max_tokens,
                         max_seq_len=max_seq_len, max_input_tokens=max_input_tokens, env_workers=workers)
-    factory = TerminusEnvFactory(AgentConfig(prompt_style=style, trial=trial,
+    wheel = harbor_wheel() if style == "terminus-2" else ""
+    factory = TerminusEnvFactory(AgentConfig(prompt_style=style, harbor_wheel=wheel, strict_json_parser=strict,
+                                             max_output_tokens=max_tokens, trial=trial,
                                              trials_dir=str(trials_dir) if trials_dir else None))
     trajs = run_rollouts(gen, chat, rollout_tasks(tasks), SamplingParams(), cfg, make_env=factory)
     return trajs, gen
@@ -46,63 +49,15 @@ def run(chat, tasks, policy, *, n=1, max_turns=4, max_tokens=400, max_seq_len=40
 # parsing (no sandbox)
 
 
-def test_parse_valid_response():
-    p = parse_response(reply([("ls -la\n", 0.1), ("cd /app\n", 2)], complete=True))
-    assert p.error == "" and p.warnings == [] and p.task_complete is True
-    assert p.commands == [Command("ls -la\n", 0.1), Command("cd /app\n", 2.0)]
-    assert (p.analysis, p.plan) == ("a", "p")
-
-
-@pytest.mark.parametrize("text,error", [
-    ("I will list the files.", "No valid JSON object found"),
-    ('{"analysis": "a", "plan": "p"}', "Missing required fields: commands"),
-    ('{"plan": "p", "commands": []}', "Missing required fields: analysis"),
-    ('{"analysis": "a", "plan": "p", "commands": "ls"}', "Field 'commands' must be an array"),
-    ('{"analysis": "a", "plan": "p", "commands": ["ls"]}', "Command 1 must be an object"),
-    ('{"analysis": "a", "plan": "p", "commands": [{"duration": 1}]}', "Command 1 missing required 'keystrokes'"),
-    ('{"analysis": "a", "plan": "p", "commands": [{"keystrokes": 3}]}', "Command 1 'keystrokes' must be a string"),
-    ('{"analysis": "a", "plan": p, "commands": []}', "Invalid JSON"),
-    ('[1, 2]', "No valid JSON object found"),
-])
-def test_parse_errors(text, error):
-    p = parse_response(text)
-    assert p.error.startswith(error), p.error
-    assert p.commands == [] and p.task_complete is False
-
-
-def test_parse_warnings_and_fixes():
-    # text around the object, a missing closing brace, missing / bad / huge / negative durations
-    p = parse_response('Sure: {"analysis": "a", "plan": "p", "commands": [{"keystrokes": "ls"}, '
-                       '{"keystrokes": "x\\n", "duration": "soon"}, {"keystrokes": "y\\n", "duration": 600}, '
-                       '{"keystrokes": "z\\n", "duration": -2, "extra": 1}]')
-    assert p.error == ""
-    assert [c.duration for c in p.commands] == [1.0, 1.0, 60.0, 0.0]
-    text = "\n".join(p.warnings)
-    for w in ("Extra text detected before JSON object", "AUTO-CORRECTED: added 1 missing closing brace",
-              "Command 1: Missing duration field", "Command 2: Invalid duration value",
-              "Command 4: Negative duration", "Command 4: Unknown fields: extra",
-              "Command 1 should end with newline"):
-        assert w in text, (w, text)
-    assert "Extra text detected after" in "\n".join(parse_response(reply() + " thanks").warnings)
-    assert parse_response('{"analysis": "a", "plan": "p", "commands": [], "task_complete": "True"}').task_complete
-    p = parse_response('{"analysis": "a", "plan": "p", "commands": [], "task_complete": 1}')
-    assert not p.task_complete and "task_complete' should be a boolean" in p.warnings[0]
-    # NaN / Infinity are not JSON numbers
-    assert parse_response('{"analysis": "a", "plan": "p", "commands": [{"keystrokes": "", "duration": NaN}]}').error
-    # braces and quotes inside strings do not confuse the object scan
-    p = parse_response(reply([('echo "}{" > f\n', 0.1)]))
-    assert p.error == "" and p.commands[0].keystrokes == 'echo "}{" > f\n'
-    # a bad command list with task_complete is only a warning (nothing runs, completion stands)
-    p = parse_response('{"analysis": "a", "plan": "p", "commands": [1], "task_complete": true}')
-    assert p.error == "" and p.task_complete and p.commands == [] and "Command 1 must be an object" in p.warnings
+# Parsing itself is tested against Harbor's own parser in tests/test_terminus2_harbor.py.
 
 
 def test_prompt_styles_render_the_task_and_screen():
-    for style in (TERMINUS, COMPACT):
+    for style in (COMPACT,):
         text = initial_prompt("Do the thing.\n", "agent@sandbox:/app$ ", style)
         assert "Task Description:\nDo the thing.\n\nCurrent terminal state:\nagent@sandbox:/app$ " in text
         assert '"keystrokes"' in text and '"task_complete"' in text
-        assert "{" in style.output.format(output="{}")  # output may hold braces
+        assert "{" in style.new_output.format(output="{}")  # output may hold braces
 
 
 # ------------------------------------------------------------------------------------------------
@@ -221,7 +176,7 @@ def test_output_is_capped_at_10kb_keeping_head_and_tail(chat, tmp_path):
     # 30,000 bytes of output: HEAD ... TAIL
     cmd = "echo HEAD; yes x | head -c 30000; echo TAIL\n"
     turns = iter([reply([(cmd, WAIT)]), reply([DONE], complete=True), reply([], complete=True)])
-    trajs, gen = run(chat, tasks, lambda text, j: next(turns), style="terminus", max_seq_len=16384)
+    trajs, gen = run(chat, tasks, lambda text, j: next(turns), style="terminus-2", max_seq_len=16384)
     out = trajs[0].info["episode"][0]["output"]
     assert len(out.encode()) <= 10_000 + 200  # the cap plus its marker line
     assert "output limited to 10000 bytes" in out and "interior bytes omitted" in out
@@ -229,20 +184,39 @@ def test_output_is_capped_at_10kb_keeping_head_and_tail(chat, tmp_path):
     assert trajs[0].reward == 1.0
 
 
-def test_truncated_turn_runs_no_command(chat, tmp_path):
+def test_truncated_turn_runs_no_command_and_is_reprompted(chat, tmp_path):
+    # Harbor's output-length rule: a turn cut by the per-turn cap runs nothing, the model is told so
+    # and the episode goes on (on main the episode ended unverified with reward 0)
     tasks = [make_task(tmp_path, "t")]
-    # the cut turn holds a complete command (and even task_complete) before the cut
-    text = reply([DONE], complete=True) + " " + "x" * 400
-    trajs, _ = run(chat, tasks, lambda t, j: text, max_tokens=120, trial=TrialConfig(keep="all"),
-                   trials_dir=tmp_path / "trials")
+    cut = reply([DONE], complete=True) + " " + "x" * 400  # a complete command (and completion) before the cut
+    turns = iter([cut, reply([DONE], complete=True), reply([], complete=True)])
+    trajs, gen = run(chat, tasks, lambda t, j: next(turns), max_tokens=120, max_turns=4, style="terminus-2",
+                     max_seq_len=16384, trial=TrialConfig(keep="all"), trials_dir=tmp_path / "trials")
     t = trajs[0]
-    assert (t.stop_reason, t.info["truncated_by"], t.info["truncated_turn"]) == ("length", "max_tokens_per_turn",
-                                                                                  "not_executed")
-    assert (t.reward, t.info["outcome"], t.info["trial"]["agent_stop"]) == (0.0, "output_length_exceeded",
-                                                                            "output_length")
-    assert t.info["trial"]["n_commands"] == 0 and t.info["episode"] == []
-    apps = list((tmp_path / "trials").glob("*/app"))
-    assert len(apps) == 1 and list(apps[0].iterdir()) == []  # the command never ran
+    ep = t.info["episode"]
+    assert ep[0]["output_length"] and ep[0]["commands"] == [] and "output" not in ep[0]
+    expected = ("ERROR!! NONE of the actions you just requested were performed because you exceeded 120 tokens. "
+                "Your outputs must be less than 120 tokens. Re-issue this request, breaking it into chunks each of "
+                "which is less than 120 tokens.")
+    # the cut text holds the whole object and then text: Harbor adds the parser's warning
+    assert ep[0]["observation"] == expected + ("\n\nParser warnings from your truncated response:\n"
+                                               "- Extra text detected after JSON object")
+    assert expected in chat.tokenizer.decode(gen.calls[1].prompt)
+    # the re-issued turn ran, the completion was confirmed, and the verifier paid for it
+    assert (t.stop_reason, t.reward, t.info["outcome"]) == ("stop", 1.0, "ok")
+    assert t.info["trial"]["n_output_length"] == 1 and t.info["trial"]["n_commands"] == 1
+
+
+def test_cut_turn_with_parser_warnings_gets_them_in_the_reprompt(chat, tmp_path):
+    tasks = [make_task(tmp_path, "t")]
+    turns = iter(["Sure: " + reply([("echo a\n", 0.1)]) + " " + "y" * 400, reply([DONE], complete=True),
+                  reply([], complete=True)])
+    trajs, _ = run(chat, tasks, lambda t, j: next(turns), max_tokens=120, style="terminus-2", max_seq_len=16384)
+    obs = trajs[0].info["episode"][0]["observation"]
+    assert obs.endswith("\n\nParser warnings from your truncated response:\n- Extra text detected before JSON object\n"
+                        "- Extra text detected after JSON object"), obs
+    assert trajs[0].reward == 1.0
+
 
 
 @pytest.mark.parametrize("limit", ["max_seq_len", "max_input_tokens"])
@@ -341,3 +315,14 @@ def test_engine_garbage_is_an_agent_error(chat, tmp_path):
                          make_env=TerminusEnvFactory(AgentConfig(prompt_style="compact")))
     t = trajs[0]
     assert (t.stop_reason, t.reward, t.info["outcome"]) == ("invalid_output", 0.0, "agent_error")
+
+
+def test_parse_error_keeps_a_pending_completion(chat, tmp_path):
+    # Harbor: an unparsable turn leaves the pending completion as it was, so the next
+    # task_complete confirms it (main reset it and asked again)
+    tasks = [make_task(tmp_path, "t")]
+    turns = iter([reply([DONE], complete=True), "no json here", reply([], complete=True), reply([], complete=True)])
+    trajs, _ = run(chat, tasks, lambda text, j: next(turns), max_turns=4, style="terminus-2", max_seq_len=16384)
+    t = trajs[0]
+    assert (t.stop_reason, t.num_turns, t.reward) == ("stop", 3, 1.0)
+    assert t.info["trial"]["agent_stop"] == "completed"

@@ -31,7 +31,10 @@ Boundaries (what the loop refuses to pass on):
   executed, and the episode ends with `length`. An env that defines `step_truncated(text)` (a
   scoring-only step, e.g. `SingleTurnEnv`, `ToolEnv`) still scores the cut turn
   (`info["truncated_turn"] = "scored"`); otherwise it gets reward 0 (`"not_executed"`).
-  `RolloutConfig.execute_truncated_turns=True` passes it to `env.step` instead (`"executed"`);
+  `RolloutConfig.execute_truncated_turns=True` passes it to `env.step` instead (`"executed"`).
+  An env that defines `reprompt_truncated(text)` (the terminal agent: Harbor's output-length
+  re-prompt) gets a turn cut by `max_tokens_per_turn` there instead, before the last turn: nothing
+  of it runs, its observations are appended and the episode goes on;
 * an `env.step` that raises, returns a non-finite reward, or returns observations the chat
   template cannot render ends that trajectory with `env_error`;
 * `RolloutConfig.max_input_tokens` bounds the tokens sent to the engine for one turn (the model's
@@ -368,11 +371,15 @@ def run_rollouts(
                 method = "step"
                 if comp.finish_reason == "length" and not config.execute_truncated_turns:
                     # An unfinished turn is not an action: run none of its tool calls (issue 9 §6).
-                    if not callable(getattr(c.env, "step_truncated", None)):
+                    if _truncated_by(budgets[id(c)], config) == "max_tokens_per_turn" \
+                            and callable(getattr(c.env, "reprompt_truncated", None)):
+                        method = "reprompt_truncated"  # the env answers the cut turn and the episode goes on
+                    elif not callable(getattr(c.env, "step_truncated", None)):
                         c.finish("length", truncated_by=_truncated_by(budgets[id(c)], config),
                                  truncated_turn="not_executed")
                         continue
-                    method = "step_truncated"
+                    else:
+                        method = "step_truncated"
                 stepping.append((c, method))
                 texts.append(split_thinking(chat.decode(comp.token_ids))[1])
             steps = pmap(lambda k: _safe_step(stepping[k][0], texts[k], stepping[k][1]), range(len(stepping)))
@@ -387,7 +394,7 @@ def run_rollouts(
                 done_if_last = bool(info.pop(DONE_IF_LAST_TURN, False))
                 c.reward += float(reward)
                 c.info.update(info)
-                if comp.finish_reason == "length":
+                if comp.finish_reason == "length" and method != "reprompt_truncated":
                     c.finish("length", truncated_by=_truncated_by(budgets[id(c)], config),
                              truncated_turn="scored" if method == "step_truncated" else "executed")
                 elif done:

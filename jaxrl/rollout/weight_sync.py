@@ -327,6 +327,16 @@ def _read_metadata(item_dir: str) -> tuple[list[tuple[str, tuple]], bool]:
     return entries, bool(meta.get("use_zarr3", False))
 
 
+def read_meta(version_dir: str) -> dict:
+    """The commit record (``sync.json``: version, names, bytes, dtype, ...) of a committed version.
+
+    Raises:
+      OSError: no readable record (not a committed version). ValueError: the record is not JSON.
+    """
+    with open(os.path.join(version_dir, SYNC_FILE)) as f:
+        return json.load(f)
+
+
 def array_names(version_dir: str) -> list[tuple[str, tuple]]:
     """(name, key path) of every array in a published version, without JAX. Key paths hold str
     dict keys and int sequence indices."""

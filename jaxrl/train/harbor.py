@@ -26,8 +26,8 @@ from typing import Any, Optional
 
 from jaxrl import config as config_lib
 from jaxrl.envs.harbor import HarborTaskError, Outcome, SandboxConfig, TrialConfig
-from jaxrl.envs.harbor.agent import (INITIAL_SCREEN, PROMPT_STYLES, AgentConfig, TerminusEnvFactory, episode_markdown,
-                                     initial_prompt, rollout_tasks)
+from jaxrl.envs.harbor.agent import (INITIAL_SCREEN, AgentConfig, TerminusEnvFactory, episode_markdown,
+                                     initial_prompt, prompt_style, rollout_tasks)
 from jaxrl.envs.harbor.dataset import gate_tasks, is_task_set, split_tasks
 from jaxrl.envs.harbor.runner import default_concurrency
 
@@ -62,13 +62,22 @@ class HarborTasks:
         self.excluded: list[tuple[str, str]] = []
 
     @property
+    def error_policy(self):
+        """The run's `ErrorPolicy` (`harbor.error_policy.*`)."""
+        from jaxrl.train.error_policy import ErrorPolicy
+
+        return ErrorPolicy.from_config(self.c.harbor.error_policy)
+
+    @property
     def style(self):
-        return PROMPT_STYLES[self.c.harbor.prompt_style]
+        return prompt_style(self.c.harbor.prompt_style, str(self.c.harbor.harbor_wheel))
 
     def prompt_messages(self, task) -> list[dict]:
         """The first user message of `task` as the agent sends it (with the shell's usual first screen)."""
         ht = task.metadata["harbor_task"]
-        return [{"role": "user", "content": initial_prompt(ht.instruction, INITIAL_SCREEN, self.style)}]
+        style = self.style
+        state = INITIAL_SCREEN if style.screen is None else style.screen.format(screen=INITIAL_SCREEN)
+        return [{"role": "user", "content": initial_prompt(ht.instruction, state, style)}]
 
     def gate(self, workdir: str) -> list[str]:
         """Runs the verifier sanity gate over the train and held-out tasks (cached in
@@ -117,9 +126,13 @@ class HarborTasks:
         trial = TrialConfig(agent_timeout_sec=h.agent_timeout_sec or None,
                             verifier_timeout_sec=h.verifier_timeout_sec or None,
                             command_timeout_sec=float(h.command_timeout_sec),
-                            keep="logs" if h.keep_trial_logs else "none")
+                            keep="logs" if h.keep_trial_logs else "none",
+                            stop_agent_processes=bool(h.stop_agent_processes))
         trials_dir = os.path.join(workdir, "trials")  # created by the first trial
-        return TerminusEnvFactory(AgentConfig(prompt_style=h.prompt_style, max_output_bytes=int(h.max_output_bytes),
+        return TerminusEnvFactory(AgentConfig(prompt_style=h.prompt_style, harbor_wheel=str(h.harbor_wheel),
+                                              strict_json_parser=bool(h.strict_json_parser),
+                                              max_output_bytes=int(h.max_output_bytes),
+                                              max_output_tokens=int(self.c.generator.sampling_params.max_generate_length),
                                               trial=trial, trials_dir=trials_dir))
 
 
@@ -172,6 +185,9 @@ def trial_fields(info: dict) -> dict[str, Any]:
     row = dict(info.get("trial") or {})
     out: dict[str, Any] = {f"trial_{k}" if k in ("reward", "error") else k: v for k, v in row.items()}
     out["outcome"] = info.get("outcome", row.get("outcome", ""))
+    for k in ("error_class", "error_treatment", "attempts"):
+        if k in info:
+            out[k] = info[k]
     for k in ("episode", "instruction"):
         if k in info:
             out[k] = info[k]
@@ -189,6 +205,9 @@ def outcome_metrics(trajs) -> dict[str, float]:
     m["env/avg_num_turns"] = turns / max(len(trajs), 1)
     m["env/parse_error_rate"] = sum(int((t.info.get("trial") or {}).get("n_parse_errors", 0)) for t in trajs) \
         / max(turns, 1)
+    from jaxrl.train.error_policy import policy_metrics
+
+    m.update(policy_metrics(trajs))
     return m
 
 

@@ -307,11 +307,12 @@ def check_resume_config(c, workdir: str, write: bool) -> None:
         old = read_json_object(path, "resolved config of the run in this workdir",
                                "restore the file, delete it to resume under the config of this command, "
                                "or use a new --workdir")
+        old.pop("_derived", None)  # notes derived from the config (below), not config keys
         message = resume_mismatch_message(workdir, _flatten(old), _flatten(new))
         if message:
             raise config_lib.ConfigError(message)
     if write:
-        config_lib.write_json_atomic(path, new)
+        config_lib.write_json_atomic(path, {**new, "_derived": {"logprobs": config_lib.logprob_definitions(c)}})
 
 
 @dataclasses.dataclass

@@ -471,6 +471,13 @@ class Trainer:
         self._publish(params, self.state.policy_version + 1)  # the next rollouts use the restored weights
         return params, opt_state
 
+    def _eval_episodes(self, c) -> int:
+        """Episodes one held-out evaluation scores (prompts x eval n_samples; the report's ± uses it)."""
+        if not c.data.num_eval_prompts:
+            return 0
+        es = c.generator.eval_sampling_params
+        return len(self.prompts.eval_batch()) * (1 if es.greedy else int(es.get("n_samples", 1)))
+
     def _finish(self, logger, last_step: int, clock: WallClock, collapsed: bool) -> dict[str, Any]:
         """Evaluates the final policy (unless its last step was) and the best checkpoint, exports
         the best, writes the plot, report.md and summary.json (wall time: every launch of the run)."""
@@ -479,7 +486,7 @@ class Trainer:
         summary: dict[str, Any] = {"last_step": last_step, "best_step": best, "best_ema": self.state.best_ckpt_ema,
                                    "initial_eval": self.state.initial_eval,
                                    "heldout": evaluation.describe(c, self.prompts),
-                                   "eval_n": len(self.prompts.eval_batch()) if c.data.num_eval_prompts else 0}
+                                   "eval_n": self._eval_episodes(c)}
         # The final step's policy: evaluated at that step, else (a collapse stop, or a resumed run
         # whose last step was checkpointed before its end) now, on the served weights of that step.
         if getattr(self, "_eval_step", None) == last_step:

@@ -58,7 +58,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import re
 import threading
@@ -66,14 +65,14 @@ from typing import Any, Optional, Sequence
 
 from jaxrl.envs.base import DONE_IF_LAST_TURN, StepResult, Task
 from jaxrl.envs.harbor.errors import AgentTimeoutError, SandboxError
+from jaxrl.envs.harbor.parser import (DEFAULT_DURATION_SEC, MAX_COMMAND_DURATION_SEC, Command,  # noqa: F401
+                                      ParsedResponse, format_warnings, parse_response)
 from jaxrl.envs.harbor.task import HarborTask
 from jaxrl.envs.harbor.terminal import MAX_OUTPUT_BYTES
 from jaxrl.envs.harbor.trial import Outcome, Trial, TrialConfig
 
 log = logging.getLogger(__name__)
 
-MAX_COMMAND_DURATION_SEC = 60.0  # Terminus-2 caps each command's wait at 60 s
-DEFAULT_DURATION_SEC = 1.0  # Terminus-2's default when "duration" is missing or invalid
 INITIAL_SCREEN = "agent@sandbox:/app$ "  # the shell's first screen (for prompt-length checks)
 
 
@@ -83,262 +82,71 @@ INITIAL_SCREEN = "agent@sandbox:/app$ "  # the shell's first screen (for prompt-
 
 @dataclasses.dataclass(frozen=True)
 class PromptStyle:
-    """The texts of the agent loop. Format fields: `{instruction}`, `{terminal_state}` (initial),
-    `{output}` (output, confirm, warnings), `{error}` / `{warnings}` (parse_error, warnings).
+    """The texts of the agent loop, as `str.format` templates.
 
     Attributes:
-      initial: the first (only) user message of the prompt.
-      output: the observation after commands ran; `{output}` is the terminal's new output.
+      initial: the first (only) user message; fields `{instruction}`, `{terminal_state}`.
       confirm: the observation after the first `task_complete: true`; `{output}` is the framed
-        `output` observation of the commands of that turn.
-      parse_error: the observation after an unparsable response (nothing ran).
-      warnings: the observation after a parsable response with warnings; `{output}` is the framed
-        output observation.
+        terminal output of that turn.
+      parse_error: the observation after an unusable response (nothing ran); `{feedback}`.
+      warnings: the observation after a usable response with warnings; `{feedback}`, `{output}`.
+      error_feedback, error_warning_feedback, warning_feedback: the feedback lines (`{error}`,
+        `{warning}`: the parser's warnings as `- ` lines).
+      output_length: the re-prompt after a turn cut by the per-turn token cap; `{limit}`, made of
+        `output_limit` (`{tokens}`), plus `truncated_warnings` (`{warning}`) when the cut text
+        parses with warnings.
+      new_output: the framing of the terminal's new output (`{output}`).
+      screen: the framing of the visible screen, used for the first screen and when there is no
+        new output (`{screen}`); None: always `new_output`, and the first screen unframed.
     """
 
     initial: str
-    output: str
     confirm: str
     parse_error: str
     warnings: str
+    output_length: str
+    new_output: str
+    screen: Optional[str] = None
+    error_feedback: str = "ERROR: {error}"
+    error_warning_feedback: str = "\nWARNINGS: {warning}"
+    warning_feedback: str = "WARNINGS: {warning}"
+    output_limit: str = "{tokens} tokens"
+    output_limit_unknown: str = "the per-turn token limit"
+    truncated_warnings: str = "\n\nParser warnings from the cut response:\n{warning}"
 
-
-_TERMINUS_INITIAL = """You are an AI assistant that solves command-line tasks in a Linux environment. You are given \
-a task description and the output of the commands run so far, and you solve the task by sending batches of \
-shell commands to a terminal.
-
-Format your response as one JSON object with this structure:
-
-{{
-  "analysis": "What the current terminal output shows: what has been done and what remains to do.",
-  "plan": "The next steps: which commands you will run and what each one should achieve.",
-  "commands": [
-    {{
-      "keystrokes": "ls -la\\n",
-      "duration": 0.1
-    }},
-    {{
-      "keystrokes": "cd project\\n",
-      "duration": 0.1
-    }}
-  ],
-  "task_complete": true
-}}
-
-Required fields:
-- "analysis": your reading of the current situation
-- "plan": your plan for the next steps
-- "commands": an array of commands to run (it may be empty)
-
-Optional fields:
-- "task_complete": true once the task is done (default false)
-
-Each command has:
-- "keystrokes": the exact text sent to the terminal; it is typed verbatim. End a command with a newline \
-("\\n") to run it. Special keys use tmux names, such as "C-c" for Ctrl+C and "C-d" for Ctrl+D, given alone \
-as the keystrokes.
-- "duration": how many seconds to wait for the command before the next one is sent (default 1.0, at most \
-60). Use short waits (0.1) for quick commands such as cd, ls, echo or cat, and longer ones for compilers, \
-tests or downloads. Never wait longer than needed: an empty command ("keystrokes": "") with a duration just \
-waits, and you can always wait again later.
-
-The text inside "keystrokes" must be valid JSON string content: escape newlines as \\n and quotes as \\".
-
-Task Description:
-{instruction}
-
-Current terminal state:
-{terminal_state}
-"""
-
-TERMINUS = PromptStyle(
-    initial=_TERMINUS_INITIAL,
-    output="New Terminal Output:\n{output}",
-    confirm=("Current terminal state:\n{output}\n\nAre you sure you want to mark the task as complete? Your "
-             "solution will then be graded and you cannot change it any more. If so, include \"task_complete\": "
-             "true in your JSON response again."),
-    parse_error=("Previous response had parsing errors:\nERROR: {error}{warnings}\n\nPlease fix these issues and "
-                 "provide a proper JSON response."),
-    warnings="Previous response had warnings:\nWARNINGS: {warnings}\n\n{output}",
-)
-"""The full Terminus-2-style texts (the seed runs' agent); the default."""
 
 COMPACT = PromptStyle(
     initial=("Solve the task in a Linux terminal. Reply with one JSON object: {{\"analysis\": \"...\", \"plan\": "
              "\"...\", \"commands\": [{{\"keystrokes\": \"...\\n\", \"duration\": 0.5}}], \"task_complete\": "
              "false}}. Set task_complete to true when the task is done.\n\nTask Description:\n{instruction}\n\n"
              "Current terminal state:\n{terminal_state}\n"),
-    output="New Terminal Output:\n{output}",
+    new_output="New Terminal Output:\n{output}",
     confirm="{output}\n\nAre you sure the task is complete? If so, reply with \"task_complete\": true again.",
-    parse_error="Previous response had parsing errors:\nERROR: {error}{warnings}\n\nReply with one valid JSON object.",
-    warnings="Previous response had warnings:\nWARNINGS: {warnings}\n\n{output}",
+    parse_error="Previous response had parsing errors:\n{feedback}\n\nReply with one valid JSON object.",
+    warnings="Previous response had warnings:\n{feedback}\n\n{output}",
+    output_length="Your answer was cut at {limit} and nothing in it ran. Reply with a shorter JSON object.",
 )
-"""Short texts with the same schema and loop, for the small embedded terminal policy (its prompt is a
-few hundred tokens instead of about a thousand)."""
+"""Short texts of jaxrl's own with the same schema and loop, for the small embedded terminal policy
+(its prompt is a few hundred tokens; it was trained on these texts)."""
 
-PROMPT_STYLES: dict[str, PromptStyle] = {"terminus": TERMINUS, "compact": COMPACT}
-"""Prompt styles by name (config key `harbor.prompt_style`)."""
-
-
-# ---------------------------------------------------------------------------------------------------
-# Parsing the model's response
+PROMPT_STYLES = ("terminus-2", "compact")
+"""Prompt style names (config key `harbor.prompt_style`): `terminus-2` is Harbor's own texts, read
+from the harbor package or wheel at run time (`jaxrl.envs.harbor.terminus2`); `compact` is `COMPACT`."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Command:
-    """One Terminus command: `keystrokes` sent verbatim, then a wait of `duration` seconds."""
+def prompt_style(name: str, harbor_wheel: str = "") -> PromptStyle:
+    """The `PromptStyle` called `name` (`PROMPT_STYLES`).
 
-    keystrokes: str
-    duration: float
-
-
-@dataclasses.dataclass
-class ParsedResponse:
-    """What `parse_response` read from one model turn.
-
-    Attributes:
-      commands: the commands to run, in order (empty on error).
-      task_complete: the model marked the task complete.
-      analysis, plan: the model's text fields ("" when absent or not strings).
-      error: why the response cannot be used ("" when it can); nothing runs then.
-      warnings: problems that did not stop it (fed back before the next terminal output).
+    Raises:
+      ValueError: an unknown name; `HarborFilesError` (a ValueError): Harbor's files are missing.
     """
+    if name == "compact":
+        return COMPACT
+    if name == "terminus-2":
+        from jaxrl.envs.harbor.terminus2 import terminus2_texts
 
-    commands: list[Command]
-    task_complete: bool
-    analysis: str = ""
-    plan: str = ""
-    error: str = ""
-    warnings: list[str] = dataclasses.field(default_factory=list)
-
-
-def _find_json_object(text: str) -> tuple[int, int, int]:
-    """(start, end, open_depth) of the first top-level `{...}` in `text`, scanning JSON strings
-    and escapes: `end` is one past its closing brace, or -1 with the depth still open at the end of
-    the text; start -1 when there is no `{` outside a string."""
-    start, depth, in_string, escaped = -1, 0, False, False
-    for i, ch in enumerate(text):
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-            continue
-        if ch == '"' and start != -1:
-            in_string = True
-        elif ch == "{":
-            if depth == 0:
-                start = i
-            depth += 1
-        elif ch == "}" and depth > 0:
-            depth -= 1
-            if depth == 0:
-                return start, i + 1, 0
-    return start, -1, depth if not in_string else -1
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def parse_response(text: str, max_duration: float = MAX_COMMAND_DURATION_SEC) -> ParsedResponse:
-    """Reads a Terminus JSON response (module docstring; Harbor's `terminus_json_plain_parser` rules).
-
-    Errors (nothing runs): no JSON object, invalid JSON, not an object, a missing `analysis` /
-    `plan` / `commands`, `commands` not an array, a command that is not an object or lacks a string
-    `keystrokes` (with `task_complete` true, a bad command list is only a warning and nothing runs).
-    Warnings: text before / after the object, a closing brace added, `analysis` / `plan` not
-    strings, fields out of the order analysis, plan, commands, a missing or invalid `duration`
-    (1.0 used), a negative one (0 used), unknown command fields, a command followed by another
-    without a trailing newline, `task_complete` not a boolean.
-
-    Args:
-      text: the model's turn (reasoning already removed).
-      max_duration: cap on each command's wait (seconds); longer durations are cut silently.
-    """
-    warnings: list[str] = []
-    start, end, open_depth = _find_json_object(text)
-    if start == -1:
-        return ParsedResponse([], False, error="No valid JSON object found in the response")
-    if end == -1:
-        if open_depth <= 0:
-            return ParsedResponse([], False, error="Invalid JSON: the response ends inside a string")
-        body = text[start:] + "}" * open_depth
-        warnings.append(f"AUTO-CORRECTED: added {open_depth} missing closing brace(s) - please fix this in "
-                        "future responses")
-    else:
-        body = text[start:end]
-        if text[end:].strip():
-            warnings.append("Extra text detected after JSON object")
-    if text[:start].strip():
-        warnings.insert(0, "Extra text detected before JSON object")
-    try:
-        data = json.loads(body, parse_constant=_reject_constant)
-    except ValueError as e:
-        return ParsedResponse([], False, error=f"Invalid JSON: {e}", warnings=warnings)
-    if not isinstance(data, dict):
-        return ParsedResponse([], False, error="Response must be a JSON object", warnings=warnings)
-    missing = [k for k in ("analysis", "plan", "commands") if k not in data]
-    if missing:
-        return ParsedResponse([], False, error=f"Missing required fields: {', '.join(missing)}", warnings=warnings)
-    analysis, plan = data["analysis"], data["plan"]
-    for name, value in (("analysis", analysis), ("plan", plan)):
-        if not isinstance(value, str):
-            warnings.append(f"Field '{name}' should be a string")
-    analysis = analysis if isinstance(analysis, str) else ""
-    plan = plan if isinstance(plan, str) else ""
-    positions = [body.find(f'"{k}"') for k in ("analysis", "plan", "commands")]
-    if positions != sorted(positions):
-        warnings.append("Fields appear in the wrong order; expected analysis, plan, commands")
-    complete = data.get("task_complete", False)
-    if isinstance(complete, str):
-        complete = complete.strip().lower() in ("true", "1", "yes")
-    elif not isinstance(complete, bool):
-        warnings.append("Field 'task_complete' should be a boolean")
-        complete = False
-    raw = data["commands"]
-    if not isinstance(raw, list):
-        return ParsedResponse([], False, analysis, plan, error="Field 'commands' must be an array", warnings=warnings)
-    commands, error = [], ""
-    for i, cmd in enumerate(raw, start=1):
-        if not isinstance(cmd, dict):
-            error = f"Command {i} must be an object"
-            break
-        keys = cmd.get("keystrokes")
-        if "keystrokes" not in cmd:
-            error = f"Command {i} missing required 'keystrokes' field"
-            break
-        if not isinstance(keys, str):
-            error = f"Command {i} 'keystrokes' must be a string"
-            break
-        duration = cmd.get("duration", None)
-        if "duration" not in cmd:
-            warnings.append(f"Command {i}: Missing duration field, using default {DEFAULT_DURATION_SEC}")
-            duration = DEFAULT_DURATION_SEC
-        elif isinstance(duration, bool) or not isinstance(duration, (int, float)) or not math.isfinite(duration):
-            warnings.append(f"Command {i}: Invalid duration value, using default {DEFAULT_DURATION_SEC}")
-            duration = DEFAULT_DURATION_SEC
-        elif duration < 0:
-            warnings.append(f"Command {i}: Negative duration, using 0")
-            duration = 0.0
-        unknown = sorted(set(cmd) - {"keystrokes", "duration"})
-        if unknown:
-            warnings.append(f"Command {i}: Unknown fields: {', '.join(unknown)}")
-        if i < len(raw) and not keys.endswith("\n"):
-            warnings.append(f"Command {i} should end with newline when followed by another command; otherwise "
-                            "the two commands are typed on the same line")
-        commands.append(Command(keys, min(float(duration), max_duration)))
-    if error:
-        if complete:
-            return ParsedResponse([], True, analysis, plan, warnings=warnings + [error])
-        return ParsedResponse([], False, analysis, plan, error=error, warnings=warnings)
-    return ParsedResponse(commands, bool(complete), analysis, plan, warnings=warnings)
-
-
-def _format_warnings(warnings: Sequence[str]) -> str:
-    return "\n".join(f"- {w}" for w in warnings)
+        return PromptStyle(**terminus2_texts(harbor_wheel))
+    raise ValueError(f"unknown prompt style {name!r}: use one of {list(PROMPT_STYLES)}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -350,21 +158,28 @@ class AgentConfig:
     """Settings of the agent loop (the trainer builds it from the `harbor.*` config keys).
 
     Attributes:
-      prompt_style: a key of `PROMPT_STYLES` ("terminus" or "compact").
+      prompt_style: one of `PROMPT_STYLES` ("terminus-2" or "compact").
+      harbor_wheel: a harbor wheel to read the terminus-2 texts from ("" = the installed package).
+      strict_json_parser: parse with `parse_response(strict=True)`.
       max_output_bytes: cap on the terminal output of one observation (head and tail kept).
+      max_output_tokens: the per-turn token cap named in the output-length re-prompt (0: the
+        re-prompt says "the maximum output length").
       trial: the trial settings (agent / verifier / command timeouts, sandbox).
       trials_dir: where trial directories go (None: a temporary directory per trial; with
         `trial.keep="none"` nothing stays).
     """
 
-    prompt_style: str = "terminus"
+    prompt_style: str = "terminus-2"
+    harbor_wheel: str = ""
+    strict_json_parser: bool = False
     max_output_bytes: int = MAX_OUTPUT_BYTES
+    max_output_tokens: int = 0
     trial: TrialConfig = TrialConfig(keep="none")
     trials_dir: Optional[str] = None
 
     def __post_init__(self):
         if self.prompt_style not in PROMPT_STYLES:
-            raise ValueError(f"AgentConfig.prompt_style={self.prompt_style!r}: use one of {sorted(PROMPT_STYLES)}")
+            raise ValueError(f"AgentConfig.prompt_style={self.prompt_style!r}: use one of {list(PROMPT_STYLES)}")
         if isinstance(self.max_output_bytes, bool) or not isinstance(self.max_output_bytes, int) \
                 or self.max_output_bytes < 64:
             raise ValueError(f"AgentConfig.max_output_bytes={self.max_output_bytes!r}: use an integer >= 64 "
@@ -373,12 +188,44 @@ class AgentConfig:
 
     @property
     def style(self) -> PromptStyle:
-        return PROMPT_STYLES[self.prompt_style]
+        return prompt_style(self.prompt_style, self.harbor_wheel)
 
 
-def initial_prompt(instruction: str, terminal_state: str, style: PromptStyle = TERMINUS) -> str:
-    """The first user message: the style's instructions, the task and the terminal state."""
-    return style.initial.format(instruction=instruction.rstrip("\n"), terminal_state=terminal_state)
+def initial_prompt(instruction: str, terminal_state: str, style: PromptStyle = COMPACT) -> str:
+    """The first user message: the style's instructions, the task and the terminal state (already
+    framed: `frame_screen`). Terminus-2 passes the instruction as it is; the compact style without
+    its trailing newlines."""
+    if style.screen is None:
+        instruction = instruction.rstrip("\n")
+    return style.initial.format(instruction=instruction, terminal_state=terminal_state)
+
+
+def frame_output(style: PromptStyle, new_output: str, screen: str) -> str:
+    """The terminal state of one observation for a style without a `screen` framing: the new output."""
+    return style.new_output.format(output=new_output)
+
+
+def incremental_output(style: PromptStyle, previous: Optional[str], history: str, screen: str) -> str:
+    """Harbor's terminal state of one observation (its tmux session's `get_incremental_output`):
+    the visible `screen` on the first call (`previous` None); else, when the previous history
+    (stripped) is found in the current one, the current history from the last line break of the
+    previous one (so the last line seen before is repeated: the prompt the command was typed at), as
+    new output if it is not blank; otherwise the visible screen.
+
+    Args:
+      previous: the history at the previous call (None before the first).
+      history: the whole terminal history now (every line printed so far, as text).
+      screen: the visible screen now (the last rows of the history).
+    """
+    if previous is None:
+        return style.screen.format(screen=screen)
+    old = previous.strip()
+    if old in history:
+        at = old.rfind("\n") if "\n" in old else history.index(old)
+        new = history[at:]
+        if new.strip():
+            return style.new_output.format(output=new)
+    return style.screen.format(screen=screen)
 
 
 def rollout_tasks(tasks: Sequence[HarborTask]) -> list[Task]:
@@ -408,6 +255,8 @@ class TerminusEnv:
         self._pending_completion = False
         self._agent_stop = ""  # why the agent phase ended (agent_stop column of trial_stats.csv)
         self._n_parse_errors = 0
+        self._n_output_length = 0
+        self._history: Optional[str] = None  # the terminal history at the last observation (terminus-2)
         self._closed = False
 
     # -- Env protocol ----------------------------------------------------------------------------
@@ -428,16 +277,37 @@ class TerminusEnv:
         if self.config.trials_dir is not None:
             trial_dir = os.path.join(self.config.trials_dir, _unique_name(ht.name))
         self.trial = Trial(ht, trial_dir, self.config.trial)
-        screen = ""
+        state = ""
         try:
             self.trial.start()
-            screen = self.trial.terminal.read_new_output(self.config.max_output_bytes)
+            term = self.trial.terminal
+            first = term.read_new_output(self.config.max_output_bytes)
+            if self.style.screen is None:
+                state = first
+            else:  # Harbor's first capture: the visible screen, framed
+                from jaxrl.envs.harbor.terminal import limit_output
+
+                self._history = term.history()
+                state = limit_output(incremental_output(self.style, None, self._history, term.screen()),
+                                     self.config.max_output_bytes)
         except (SandboxError, AgentTimeoutError) as e:
             self._start_error = f"{type(e).__name__}: {e}"
             log.warning("trial %s did not start: %s", self.trial.name, e)
             if isinstance(e, SandboxError):
                 self.trial.record_sandbox_error(str(e))
-        return [{"role": "user", "content": initial_prompt(ht.instruction, screen, self.style)}]
+        return [{"role": "user", "content": initial_prompt(ht.instruction, state, self.style)}]
+
+    def _terminal_state(self) -> str:
+        from jaxrl.envs.harbor.terminal import limit_output
+
+        term = self.trial.terminal
+        new = term.read_new_output(self.config.max_output_bytes)
+        if self.style.screen is None:
+            return limit_output(frame_output(self.style, new, ""), self.config.max_output_bytes)
+        history = term.history()
+        framed = incremental_output(self.style, self._history, history, term.screen())
+        self._history = history
+        return limit_output(framed, self.config.max_output_bytes)
 
     def step(self, assistant_text: str) -> StepResult:
         """One model turn (module docstring). Returns the next user observation, reward 0 (the
@@ -448,20 +318,21 @@ class TerminusEnv:
           SandboxError: the sandbox failed (the trial's outcome becomes `sandbox_error`).
         """
         trial = self._require_trial()
-        parsed = parse_response(assistant_text)
+        parsed = parse_response(assistant_text, strict=self.config.strict_json_parser)
         record: dict[str, Any] = {"turn": len(self.episode) + 1, "analysis": parsed.analysis, "plan": parsed.plan,
                                   "commands": [dataclasses.asdict(c) for c in parsed.commands],
                                   "task_complete": parsed.task_complete}
         self.episode.append(record)
-        if parsed.error:
+        st = self.style
+        if parsed.error:  # nothing runs; a pending completion stays pending (Harbor)
             self._n_parse_errors += 1
-            self._pending_completion = False
             record["parse_error"] = parsed.error
             if not record["analysis"] and not record["plan"]:
                 record["response"] = assistant_text[:2000]
-            warn = f"\nWARNINGS: {_format_warnings(parsed.warnings)}" if parsed.warnings else ""
-            obs = self.style.parse_error.format(error=parsed.error, warnings=warn)
-            return self._observe(record, obs)
+            feedback = st.error_feedback.format(error=parsed.error)
+            if parsed.warnings:
+                feedback += st.error_warning_feedback.format(warning=parsed.warning_text)
+            return self._observe(record, st.parse_error.format(feedback=feedback))
         if parsed.warnings:
             record["warnings"] = list(parsed.warnings)
         if trial.timed_out or trial.agent_time_left <= 0:
@@ -473,30 +344,46 @@ class TerminusEnv:
                 trial.send_keys(cmd.keystrokes, cmd.duration)
             if not trial.terminal.is_alive():
                 return self._end(record, "shell_exited", output=trial.terminal.read_new_output(self.config.max_output_bytes))
-            output = trial.terminal.read_new_output(self.config.max_output_bytes)
+            framed = self._terminal_state()
         except AgentTimeoutError:
             return self._end(record, "agent_timeout")
         except SandboxError as e:
             trial.record_sandbox_error(f"{type(e).__name__}: {e}")
             self._agent_stop = "sandbox_error"
             raise
-        framed = self.style.output.format(output=output)
+        record["output"] = framed
         if parsed.task_complete and self._pending_completion:
-            record["output"] = output
             return self._end(record, "completed")
-        if parsed.task_complete:
+        if parsed.task_complete:  # Harbor drops the warnings of a completing turn
             self._pending_completion = True
-            obs = self.style.confirm.format(output=framed)
+            obs = st.confirm.format(output=framed)
         else:
             self._pending_completion = False
             obs = framed
-        if parsed.warnings:
-            obs = self.style.warnings.format(warnings=_format_warnings(parsed.warnings), output=obs)
-        record["output"] = output
+            if parsed.warnings:
+                obs = st.warnings.format(feedback=st.warning_feedback.format(warning=parsed.warning_text), output=obs)
         result = self._observe(record, obs)
         if parsed.task_complete:  # on the last turn there is no turn to confirm in: the episode is complete
             result.info[DONE_IF_LAST_TURN] = True
         return result
+
+    def reprompt_truncated(self, assistant_text: str) -> StepResult:
+        """A turn cut by the per-turn token cap: none of it runs and the episode goes on with Harbor's
+        output-length re-prompt (plus the parser's warnings on the cut text, if any)."""
+        self._require_trial()
+        st = self.style
+        self._n_output_length += 1
+        record: dict[str, Any] = {"turn": len(self.episode) + 1, "analysis": "", "plan": "", "commands": [],
+                                  "task_complete": False, "output_length": True,
+                                  "response": assistant_text[:2000]}
+        self.episode.append(record)
+        limit = (st.output_limit.format(tokens=self.config.max_output_tokens) if self.config.max_output_tokens
+                 else st.output_limit_unknown)
+        msg = st.output_length.format(limit=limit)
+        warned = parse_response(assistant_text).warning_text
+        if warned:
+            msg += st.truncated_warnings.format(warning=warned)
+        return self._observe(record, msg)
 
     def finish(self, stop_reason: str, info: dict) -> tuple[float, dict]:
         """Ends the agent phase and scores the trial (the table in the module docstring).
@@ -538,7 +425,7 @@ class TerminusEnv:
         if verify:
             trial.verify()
         trial.info.update({"n_turns": len(self.episode), "n_parse_errors": self._n_parse_errors,
-                           "agent_stop": self._agent_stop})
+                           "n_output_length": self._n_output_length, "agent_stop": self._agent_stop})
         result = trial.close()
         self._closed = True
         row = result.to_row()

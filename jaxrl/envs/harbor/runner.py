@@ -214,16 +214,22 @@ def check_tasks(tasks: Sequence[HarborTask], *, config: TrialConfig = TrialConfi
 
 
 def format_check_table(checks: Sequence[TaskCheck], *, failures_only: bool = True) -> str:
-    """A plain-text table of the gate (the failing tasks, or all) and a summary line."""
+    """A plain-text table of the gate (the failing tasks, or all): each agent's reward and outcome (the
+    error class: ok, reward_missing, ...), the problems, and a summary line."""
     rows = [c for c in checks if not (failures_only and c.passed)]
     lines = []
     if rows:
+        def cell(r):
+            return "-" if r is None else f"{r.reward:g} {r.outcome}"
+
         w = max(len("task"), *(len(c.task_name) for c in rows))
-        lines.append(f"{'task':<{w}}  {'oracle':<9}  {'empty':<9}  problem")
-        lines.append(f"{'-' * w}  {'-' * 9}  {'-' * 9}  {'-' * 7}")
+        wo = max(len("oracle"), *(len(cell(c.oracle)) for c in rows))
+        we = max(len("empty"), *(len(cell(c.empty)) for c in rows))
+        lines.append(f"{'task':<{w}}  {'oracle':<{wo}}  {'empty':<{we}}  problem")
+        lines.append(f"{'-' * w}  {'-' * wo}  {'-' * we}  {'-' * 7}")
         for c in rows:
-            o = "-" if c.oracle is None else f"{c.oracle.reward:g}"
-            lines.append(f"{c.task_name:<{w}}  {o:<9}  {c.empty.reward:<9g}  {'; '.join(c.problems) or 'ok'}")
+            lines.append(f"{c.task_name:<{w}}  {cell(c.oracle):<{wo}}  {cell(c.empty):<{we}}  "
+                         f"{'; '.join(c.problems) or 'ok'}")
     n_fail = sum(not c.passed for c in checks)
     lines.append(f"{len(checks) - n_fail}/{len(checks)} tasks pass the gate (oracle reward 1, empty agent reward 0)"
                  + (f"; {n_fail} fail" if n_fail else ""))

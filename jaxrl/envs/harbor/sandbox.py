@@ -67,6 +67,7 @@ import itertools
 import logging
 import os
 import platform
+import queue
 import re
 import shlex
 import shutil
@@ -76,6 +77,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -1028,9 +1030,10 @@ class Sandbox:
                 if self._closed:
                     raise SandboxError(f"trial sandbox {self.root} is closed")
                 try:
-                    p = subprocess.Popen(_with_default_signals(argv), stdin=stdin, stdout=stdout, stderr=stderr,
-                                         start_new_session=True, close_fds=True, pass_fds=() if sfd is None else (sfd,),
-                                         env={"PATH": "/usr/bin:/bin"}, **_signal_kwargs(), **kw)
+                    p = _spawn(lambda: subprocess.Popen(
+                        _with_default_signals(argv), stdin=stdin, stdout=stdout, stderr=stderr, start_new_session=True,
+                        close_fds=True, pass_fds=() if sfd is None else (sfd,), env={"PATH": "/usr/bin:/bin"},
+                        **_signal_kwargs(), **kw))
                 except OSError as e:
                     raise SandboxError(f"cannot start the sandbox: {e}") from None
                 self._procs.add(p)
@@ -1091,15 +1094,26 @@ class Sandbox:
         return None
 
     def run(self, command: Sequence[str], timeout: Optional[float], *, phase_binds=(), env: Optional[dict] = None,
-            cwd: Optional[str] = None, watch_disk: bool = True) -> RunResult:
+            cwd: Optional[str] = None, watch_disk: bool = True, linger: bool = False) -> RunResult:
         """Runs `command` in a new sandbox instance and waits for it (output captured, capped).
 
         `timeout` None means no command timeout (the trial's own limits still apply). A command over
-        the disk limit is killed (`limit="disk"`).
+        the disk limit is killed (`limit="disk"`). With `linger`, the instance outlives the command:
+        the processes it left in the background keep running (as after a `docker exec`) until
+        `kill_all` / `close`; the result comes when the command itself exits.
         """
         t0 = time.monotonic()
         before = self.counters()
         kills_before = len(self._kills)
+        exit_file = None
+        if linger and self._unsafe:
+            linger = False  # no instance to keep without bwrap: the command's background processes die with it
+        if linger:
+            name = f".jaxrl-exit-{uuid.uuid4().hex}"
+            exit_file = self.dirs["tmp"] / name
+            command = ["/bin/bash", "-c", '"$@"; c=$?; echo "$c" > /tmp/' + name + '.part && mv /tmp/' + name
+                       + '.part /tmp/' + name + '; exec sleep 2147483647 </dev/null >/dev/null 2>&1',
+                       "jaxrl-linger", *command]
         p = self.popen(command, phase_binds=phase_binds, env=env, cwd=cwd)
         buf = CappedBuffer(self.config.max_output_bytes)
 
@@ -1122,10 +1136,20 @@ class Sandbox:
         timed_out, limit = False, None
         deadline = None if timeout is None else t0 + timeout
         interval = self.config.disk_check_interval_sec if watch_disk else 3600.0
+        if linger:
+            interval = min(interval, 0.05)
+        lingered_code: Optional[int] = None
         try:
             while True:
                 wait = interval if deadline is None else min(interval, max(0.0, deadline - time.monotonic()))
                 if done.wait(wait):
+                    break
+                if exit_file is not None and exit_file.is_file():
+                    try:
+                        lingered_code = int(exit_file.read_text().strip())
+                        exit_file.unlink()
+                    except (OSError, ValueError):
+                        lingered_code = None
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     timed_out, limit = True, "timeout"
@@ -1140,16 +1164,19 @@ class Sandbox:
                         done.wait()
                         break
         finally:
-            if p.poll() is None:
+            if lingered_code is None and p.poll() is None:
                 self.kill(p)
                 p.wait()
-            reader.join(timeout=5)
-            self._forget(p)
+            if lingered_code is None:
+                reader.join(timeout=5)
+                self._forget(p)  # a lingering instance stays registered: kill_all / close end it
+            else:
+                time.sleep(0.05)  # the command's last output
         if watch_disk and limit is None and self.over_disk():
             limit = "disk"
         if limit is None and len(self._kills) > kills_before:
             limit = self._kills[-1]
-        code = p.returncode
+        code = p.returncode if lingered_code is None else lingered_code
         after = self.counters()
         if limit is None:
             if after["memory"] > before["memory"]:
@@ -1160,7 +1187,7 @@ class Sandbox:
                 limit = "file_size"
             elif code == 128 + signal.SIGXCPU:
                 limit = "cpu_time"
-        if timed_out or len(self._kills) > kills_before:
+        if timed_out or len(self._kills) > kills_before or (linger and lingered_code is None):
             code = None
         elif code is not None and code < 0:
             code = 128 - code
@@ -1197,6 +1224,40 @@ class Sandbox:
 
 
 _RESET_SIGNALS = ("/usr/bin/env", "--default-signal")
+
+
+_SPAWN_QUEUE: "queue.Queue" = queue.Queue()
+_SPAWNER: list = []
+_SPAWNER_LOCK = threading.Lock()
+
+
+def _spawner_loop() -> None:
+    while True:
+        fn, box, ev = _SPAWN_QUEUE.get()
+        try:
+            box.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 -- handed to the caller
+            box.append((False, e))
+        ev.set()
+
+
+def _spawn(fn):
+    """Runs `fn` (a Popen) on one long-lived thread. bwrap's --die-with-parent is PR_SET_PDEATHSIG,
+    which fires when the *thread* that forked it exits: a sandbox instance started from a short-lived
+    agent thread (a lingering oracle, the persistent shell) would die with that thread."""
+    with _SPAWNER_LOCK:
+        if not _SPAWNER or not _SPAWNER[0].is_alive():
+            t = threading.Thread(target=_spawner_loop, daemon=True, name="jaxrl-sandbox-spawner")
+            t.start()
+            _SPAWNER[:] = [t]
+    box: list = []
+    ev = threading.Event()
+    _SPAWN_QUEUE.put((fn, box, ev))
+    ev.wait()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
 
 
 def _default_signals() -> None:

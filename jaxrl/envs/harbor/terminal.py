@@ -40,6 +40,7 @@ from jaxrl.envs.harbor.errors import SandboxError
 from jaxrl.envs.harbor.sandbox import PROMPT_MARK, Sandbox
 
 MAX_OUTPUT_BYTES = 10_000  # Terminus-2's cap on one observation
+TRANSCRIPT_BYTES = 1 << 20  # the terminal history kept (raw bytes)
 _MARK = PROMPT_MARK.encode()
 _ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[PX^_][^\x1b]*\x1b\\|\x1b[@-Z\\-_]")
 _CTRL_RE = re.compile(r"[\x00-\x07\x0b\x0c\x0e-\x1f\x7f]")
@@ -126,7 +127,7 @@ class Terminal:
         self._pending_limit = pending_limit_bytes
         self._pending = bytearray()
         self._pending_dropped = 0
-        self._transcript = bytearray()  # the last 64 KB, for screen()
+        self._transcript = bytearray()  # the last TRANSCRIPT_BYTES, for history() and screen()
         self._lock = threading.Condition()
         self._prompts = 0
         self._last_byte = time.monotonic()
@@ -163,12 +164,12 @@ class Terminal:
         deadline = time.monotonic() + timeout
         with self._lock:
             while self._prompts == 0 and self._proc.poll() is None and time.monotonic() < deadline:
-                self._lock.wait(0.05)
-            ok = self._prompts > 0
+                self._lock.wait(max(0.0, min(0.05, deadline - time.monotonic())))
+            ok = self._prompts > 0 and time.monotonic() <= deadline
         if not ok:
             out = clean_terminal_text(bytes(self._pending))
             self.close()
-            raise SandboxError(f"the sandbox shell did not start within {timeout:.0f} s: {out.strip()[-2000:]!r}")
+            raise SandboxError(f"the sandbox shell did not start within {timeout:g} s: {out.strip()[-2000:]!r}")
         return self
 
     def _rcfile(self) -> str:
@@ -222,8 +223,8 @@ class Terminal:
                     del self._pending[keep:keep + cut]
                     self._pending_dropped += cut
                 self._transcript += b
-                if len(self._transcript) > 65536:
-                    del self._transcript[:len(self._transcript) - 65536]
+                if len(self._transcript) > TRANSCRIPT_BYTES:
+                    del self._transcript[:len(self._transcript) - TRANSCRIPT_BYTES]
                 scan = self._carry + b
                 n = scan.count(_MARK)
                 if n:
@@ -330,9 +331,12 @@ class Terminal:
             text = text[:half] + f"\n[... {dropped} bytes omitted ...]\n" + text[half:]
         return limit_output(text, limit_bytes)
 
-    def screen(self) -> str:
-        """The last `rows` lines of the processed transcript."""
+    def history(self) -> str:
+        """The processed transcript: every line the terminal printed (the last `TRANSCRIPT_BYTES`)."""
         with self._lock:
             raw = bytes(self._transcript)
-        lines = clean_terminal_text(raw).split("\n")
-        return "\n".join(lines[-self.rows:])
+        return clean_terminal_text(raw)
+
+    def screen(self) -> str:
+        """The last `rows` lines of the processed transcript."""
+        return "\n".join(self.history().split("\n")[-self.rows:])

@@ -7,14 +7,18 @@ Lifecycle (Harbor's `Trial.run`, without Docker)::
     trial.send_keys("ls\\n", duration=1)    # the persistent shell (`trial.terminal`), Terminus style
     trial.terminal.read_new_output()
     trial.run_oracle()                     # the oracle agent: bash /solution/solve.sh
-    result = trial.verify()                # agent processes killed; /tests bound; test.sh; reward read
+    result = trial.verify()                # /tests bound; test.sh (agent processes still run); reward read
     trial.close()                          # every process killed, cgroup removed, result.json written
 
 Time limits: every agent command stops after `command_timeout_sec` (default 60 s, Terminus's cap) or
 when the agent budget (`agent_timeout_sec`: the task's `[agent] timeout_sec` unless overridden,
-capped by `max_agent_timeout_sec`) is spent, whichever is first. At the agent deadline the trial's
-monitor kills every agent process and the shell; later agent calls raise `AgentTimeoutError`; the
-verifier still runs (Harbor's rule) with its own budget (`[verifier] timeout_sec` unless overridden).
+capped by `max_agent_timeout_sec`) is spent, whichever is first. At the agent deadline the agent
+phase ends: later agent calls raise `AgentTimeoutError`; the verifier still runs (Harbor's rule) with
+its own budget (`[verifier] timeout_sec` unless overridden). The agent's processes (its shell and
+background jobs) keep running through verification, as in Harbor's container, and die at `close()`;
+`TrialConfig.stop_agent_processes=True` kills them when the agent phase ends instead. The verifier
+runs in its own sandbox instance: it sees the agent's files, /tmp and running processes' effects, but
+not their network namespace (a server the agent left listening on a TCP port is not reachable).
 
 Outcomes (`Outcome`, the column `outcome` of trial_stats.csv):
 
@@ -24,9 +28,9 @@ outcome                    meaning                                              
 ok                         the verifier ran and wrote a parsable reward                the reward
 agent_timeout              the agent budget ran out; the verifier still ran            the reward
 verifier_timeout           test.sh did not finish within the verifier budget           0
-reward_missing             neither /logs/verifier/reward.txt nor reward.json exists     0
-reward_empty               the reward file is empty                                    0
-reward_unparsable          not one finite float / no numeric "reward" / not a file     0
+reward_missing             neither /logs/verifier/reward.json nor reward.txt exists     0
+reward_empty               the reward file read is empty (0 bytes)                     0
+reward_unparsable          not finite numbers / no "reward" entry / not a file         0
 sandbox_error              the sandbox failed to start or run (infrastructure)         0
 agent_error                the agent raised (not verified, Harbor's rule)              0
 context_length_exceeded    the agent loop ran out of context (not verified)            0
@@ -34,9 +38,10 @@ output_length_exceeded     a model turn was cut by the per-turn token limit; non
                            its commands ran and the episode ended (not verified)       0
 =========================  =========================================================  ============
 
-The reward is parsed verbatim (Harbor): `reward.txt` is one float; `reward.json` a flat object of
-numbers whose `reward` entry (or only entry) is the reward. The host reads both without following
-symlinks and only if they are regular files.
+The reward is read as Harbor 0.26 reads it (`parse_reward`): `reward.json` first, `reward.txt` only
+without it; a missing, empty or malformed reward file is an error class (its outcome), not a reward
+of 0 (the trainer's error policy decides what it counts: `jaxrl/train/error_policy.py`). The host
+reads both without following symlinks and only if they are regular files.
 """
 from __future__ import annotations
 
@@ -114,6 +119,9 @@ class TrialConfig:
       keep: what stays in the trial directory after `close()`: "logs" (logs/ and result.json), "all",
         or "none" (the directory is removed).
       test_output_tail_bytes: how much of the end of test-stdout.txt goes into the result.
+      stop_agent_processes: kill the agent's processes (its shell, background jobs) when the agent
+        phase ends, before the verifier runs. Default False, as Harbor: they keep running through
+        verification (a task may ask for a running process) and die at `close()`.
     """
 
     agent_timeout_sec: Optional[float] = None
@@ -124,6 +132,7 @@ class TrialConfig:
     sandbox: SandboxConfig = SandboxConfig()
     keep: str = "logs"
     test_output_tail_bytes: int = 4096
+    stop_agent_processes: bool = False
 
     def validate(self) -> None:
         """Raises ValueError naming the field and the fix."""
@@ -197,50 +206,61 @@ class TrialResult:
 
 
 def parse_reward(verifier_dir: str | os.PathLike) -> tuple[Optional[float], Outcome, dict]:
-    """Reads the reward a verifier wrote (Harbor's rules; module docstring).
+    """Reads the reward a verifier wrote, by Harbor 0.26's rules (`harbor/verifier/verifier.py`):
+
+    * `reward.json` is read first when it exists, `reward.txt` only when it does not;
+    * a file of 0 bytes is `reward_empty` (Harbor's RewardFileEmptyError);
+    * `reward.txt` must hold one finite float (surrounding whitespace allowed; whitespace only is
+      unparsable); `reward.json` must decode to numbers (an object of numbers, or one number), all
+      finite; otherwise `reward_unparsable` (VerifierOutputParseError); the reward is its `reward`
+      entry, or its only entry;
+    * neither file: `reward_missing` (RewardFileNotFoundError).
+    A file that is not a regular file (a symlink, a directory) or is too large is unparsable.
 
     Returns:
       (reward or None, outcome, details) with outcome ok, reward_missing, reward_empty or
       reward_unparsable; details has `rewards` (dict) or `reason`.
     """
-    data, why = read_file_nofollow(verifier_dir, "reward.txt", 4096)
-    if data is not None:
-        text = data.decode("utf-8", errors="replace").strip()
-        if not text:
-            return None, Outcome.REWARD_EMPTY, {"reason": "reward.txt is empty"}
-        try:
-            value = float(text)
-        except ValueError:
-            return None, Outcome.REWARD_UNPARSABLE, {"reason": f"reward.txt is not one float: {text[:100]!r}"}
-        if not math.isfinite(value):
-            return None, Outcome.REWARD_UNPARSABLE, {"reason": f"reward.txt is not finite: {text[:100]!r}"}
-        return value, Outcome.OK, {"rewards": {"reward": value}}
-    if why != "missing":
-        return None, Outcome.REWARD_UNPARSABLE, {"reason": f"reward.txt {why}"}
     data, why = read_file_nofollow(verifier_dir, "reward.json", 1 << 16)
+    if data is not None or why != "missing":
+        if data is None:
+            return None, Outcome.REWARD_UNPARSABLE, {"reason": f"reward.json {why}"}
+        if not data:
+            return None, Outcome.REWARD_EMPTY, {"reason": "reward.json is empty"}
+        text = data.decode("utf-8", errors="replace")
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            return None, Outcome.REWARD_UNPARSABLE, {"reason": f"reward.json is not JSON: {text[:100]!r}"}
+        values = obj if isinstance(obj, dict) else {"reward": obj}
+        bad = [v for v in values.values() if not isinstance(v, (int, float))
+               or (isinstance(v, float) and not math.isfinite(v))]
+        if bad or not values:
+            return None, Outcome.REWARD_UNPARSABLE, {"reason": f"reward.json holds a non-numeric or non-finite reward: "
+                                                               f"{text[:100]!r}"}
+        if "reward" in values:
+            value = float(values["reward"])
+        elif len(values) == 1:
+            value = float(next(iter(values.values())))
+        else:
+            return None, Outcome.REWARD_UNPARSABLE, {"reason": f"reward.json has several entries and no 'reward': "
+                                                               f"{sorted(values)}"}
+        return value, Outcome.OK, {"rewards": {k: float(v) for k, v in values.items()}}
+    data, why = read_file_nofollow(verifier_dir, "reward.txt", 4096)
     if data is None:
         if why == "missing":
-            return None, Outcome.REWARD_MISSING, {"reason": "no /logs/verifier/reward.txt or reward.json"}
-        return None, Outcome.REWARD_UNPARSABLE, {"reason": f"reward.json {why}"}
-    text = data.decode("utf-8", errors="replace").strip()
-    if not text:
-        return None, Outcome.REWARD_EMPTY, {"reason": "reward.json is empty"}
+            return None, Outcome.REWARD_MISSING, {"reason": "no /logs/verifier/reward.json or reward.txt"}
+        return None, Outcome.REWARD_UNPARSABLE, {"reason": f"reward.txt {why}"}
+    if not data:
+        return None, Outcome.REWARD_EMPTY, {"reason": "reward.txt is empty"}
+    text = data.decode("utf-8", errors="replace")
     try:
-        obj = json.loads(text)
+        value = float(text)
     except ValueError:
-        return None, Outcome.REWARD_UNPARSABLE, {"reason": f"reward.json is not JSON: {text[:100]!r}"}
-    if not isinstance(obj, dict) or not obj or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in obj.values()):
-        return None, Outcome.REWARD_UNPARSABLE, {"reason": f"reward.json is not a flat object of finite numbers: "
-                                                           f"{text[:100]!r}"}
-    if "reward" in obj:
-        value = float(obj["reward"])
-    elif len(obj) == 1:
-        value = float(next(iter(obj.values())))
-    else:
-        return None, Outcome.REWARD_UNPARSABLE, {"reason": f"reward.json has several entries and no 'reward': "
-                                                           f"{sorted(obj)}"}
-    return value, Outcome.OK, {"rewards": {k: float(v) for k, v in obj.items()}}
+        return None, Outcome.REWARD_UNPARSABLE, {"reason": f"reward.txt is not one float: {text[:100]!r}"}
+    if not math.isfinite(value):
+        return None, Outcome.REWARD_UNPARSABLE, {"reason": f"reward.txt is not finite: {text[:100]!r}"}
+    return value, Outcome.OK, {"rewards": {"reward": value}}
 
 
 def _trial_name(task_name: str) -> str:
@@ -394,10 +414,11 @@ class Trial:
                 self._agent_timed_out = True
                 log.info("trial %s: agent timeout after %.1f s", self.name, self._agent_end - self._t_start)
             term = self._terminal
-        if term is not None:
-            self._count_cgroup_limits()
-            term.close()
-        self.sandbox.kill_all("agent_timeout" if timed_out else "agent_done")
+        self._count_cgroup_limits()
+        if self.config.stop_agent_processes:
+            if term is not None:
+                term.close()
+            self.sandbox.kill_all("agent_timeout" if timed_out else "agent_done")
         with self._lock:
             self._phase = "agent_over"
 
@@ -423,7 +444,8 @@ class Trial:
         """
         return self._exec(command, timeout, env=env, cwd=cwd)
 
-    def _exec(self, command: str, timeout: Optional[float], *, env=None, cwd=None, phase_binds=()) -> ExecResult:
+    def _exec(self, command: str, timeout: Optional[float], *, env=None, cwd=None, phase_binds=(),
+              linger: bool = False) -> ExecResult:
         self._require_agent_phase()
         t = self.config.command_timeout_sec if timeout is None else float(timeout)
         left = self.agent_time_left
@@ -432,7 +454,7 @@ class Trial:
             self._n_commands += 1
         try:
             res = self.sandbox.run(["/bin/bash", "-c", command], timeout=min(t, left), phase_binds=phase_binds,
-                                   env=self.sandbox.env(env), cwd=cwd, watch_disk=False)
+                                   env=self.sandbox.env(env), cwd=cwd, watch_disk=False, linger=linger)
         except SandboxError as e:
             self._sandbox_error = self._sandbox_error or str(e)
             raise
@@ -456,7 +478,8 @@ class Trial:
         with self._lock:
             if self._terminal is None:
                 try:
-                    self._terminal = Terminal(self.sandbox).start()
+                    # [environment] build_timeout_sec bounds the environment's start (the shell's here)
+                    self._terminal = Terminal(self.sandbox).start(timeout=float(self.task.config.build_timeout_sec))
                 except SandboxError as e:
                     self._sandbox_error = self._sandbox_error or str(e)
                     raise
@@ -509,7 +532,8 @@ class Trial:
         left = self.agent_time_left
         return self._exec("bash /solution/solve.sh", timeout=left if left < math.inf else None,
                           env=self.task.config.solution_env,
-                          phase_binds=[(str(self.task.solution_dir), "/solution", False)])
+                          phase_binds=[(str(self.task.solution_dir), "/solution", False)],
+                          linger=not self.config.stop_agent_processes)
 
     def stop_agent(self, outcome: Outcome | str, message: str = "") -> None:
         """Records that the agent ended the trial without verification (`agent_error`,
@@ -526,7 +550,7 @@ class Trial:
 
     # -- verification ---------------------------------------------------------------------------------
     def verify(self) -> VerifierResult:
-        """Ends the agent phase (its processes are killed), binds /tests (read-only) and a fresh
+        """Ends the agent phase (its processes keep running unless `stop_agent_processes`), binds /tests (read-only) and a fresh
         /logs/verifier, runs `/tests/test.sh > /logs/verifier/test-stdout.txt 2>&1` with the verifier
         budget and `[verifier] env`, and reads the reward. Never raises for task or sandbox failures:
         they are outcomes."""

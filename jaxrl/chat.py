@@ -129,6 +129,9 @@ def main(argv):
         cli.usage_error(f"unexpected arguments: {argv[1:]}")
     if not _MODEL.value:
         cli.usage_error("--model is required, e.g. --model=runs/rloo/best")
+    if _PROMPT.value is not None and not _PROMPT.value.strip():
+        cli.usage_error(f"--prompt={_PROMPT.value!r}: empty message; pass the text to answer, e.g. "
+                        "--prompt \"What is 37 + 48?\" (or leave --prompt out to chat interactively)")
     from jaxrl import policy
     from jaxrl.config import base_config
     from jaxrl.envs import DatasetError

@@ -25,6 +25,40 @@ Config keys: every key of a recipe can be overridden with --config.KEY=VALUE (e.
   python -m jaxrl.config diff configs/rloo.py configs/grpo.py   # the keys two recipes set differently"""
 
 
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread by SIGTERM (`handle_sigterm`): a KeyboardInterrupt, so every
+    cleanup that runs for Ctrl-C (sidecars stopped, the async producer stopped, checkpoints closed,
+    partial folders removed) runs for a scheduler's stop too."""
+
+
+INTERRUPTED_STATUS = {"SIGINT": 130, "SIGTERM": 143}  # 128 + the signal number, as a shell reports it
+
+
+def handle_sigterm() -> None:
+    """Makes SIGTERM (what `scancel`, SLURM time limits and most schedulers send) raise `Terminated`
+    in the main thread, once: a second SIGTERM during the cleanup is ignored (the scheduler's
+    SIGKILL after its grace period still ends the process). Call it first thing in a command's main."""
+    import signal
+
+    def on_sigterm(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated("SIGTERM")
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def interrupted_exit(what: str) -> None:
+    """Prints the one line that says how to resume after SIGINT or SIGTERM, and exits 130 / 143.
+
+    `what`: the thing to resume, e.g. "runs/rloo from its last checkpoint"."""
+    import signal
+
+    name = "SIGTERM" if isinstance(sys.exc_info()[1], Terminated) else "SIGINT"
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the exit path is not interrupted again
+    print(f"\ninterrupted ({name}); rerun the same command to resume {what}", file=sys.stderr, flush=True)
+    sys.exit(INTERRUPTED_STATUS[name])
+
+
 def help_text(doc: str, keys_hint: bool = True) -> str:
     """`doc` (a module docstring), the flags of the running command and, if `keys_hint`, how to
     list the config keys."""

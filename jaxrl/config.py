@@ -115,6 +115,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.generator.eval_sampling_params = ml_collections.ConfigDict()
     c.generator.eval_sampling_params.temperature = 1.0
     c.generator.eval_sampling_params.greedy = True
+    c.generator.eval_sampling_params.n_samples = 1  # episodes per held-out prompt when not greedy
     # Benchmark/test knob: every episode takes at least this long (s), as slow multi-turn episodes
     # do; a group's delay is episode_delay_s * (1 + jitter * (2u - 1)), u uniform from (seed, prompt).
     c.generator.episode_delay_s = 0.0
@@ -125,6 +126,19 @@ def base_config() -> ml_collections.ConfigDict:
     c.harbor.prompt_style = "terminus-2"  # terminus-2 (Harbor's own texts, the seed runs' agent) | compact (embedded policy)
     c.harbor.harbor_wheel = ""  # a harbor wheel to read terminus-2's texts from; "" = the installed harbor package
     c.harbor.strict_json_parser = False  # True: no auto-correction, a response with warnings runs nothing
+    c.harbor.stop_agent_processes = False  # kill the agent's processes before the verifier (Harbor: they keep running)
+    # What a failed trial counts for (jaxrl/train/error_policy.py): per error class (an outcome, or
+    # Harbor's exception name) mask / passthrough / zero, retries. The :qwen3_8b scale sets the seed runs'.
+    c.harbor.error_policy = ml_collections.ConfigDict()
+    c.harbor.error_policy.mask = ()
+    c.harbor.error_policy.passthrough = ("agent_timeout",)
+    c.harbor.error_policy.zero = ()
+    c.harbor.error_policy.default = "zero"
+    c.harbor.error_policy.no_retry = ()
+    c.harbor.error_policy.max_retries = 0
+    c.harbor.error_policy.min_wait_sec = 1.0
+    c.harbor.error_policy.max_wait_sec = 60.0
+    c.harbor.error_policy.wait_multiplier = 1.0
     c.harbor.agent_timeout_sec = 0.0  # the agent's wall-clock budget per trial; 0 = each task's [agent] timeout_sec
     c.harbor.verifier_timeout_sec = 0.0  # 0 = each task's [verifier] timeout_sec
     c.harbor.command_timeout_sec = 60.0  # cap on one command's wait (Terminus: 60 s)
@@ -296,7 +310,7 @@ KEY_DOCS: dict[str, str] = {
     "generator.num_sidecars": "JAX sidecar processes the trainer spawns (backend=jax without sidecar_urls)",
     "generator.token_file": "shared secret of the sidecars' weight-load endpoint; '' = workdir/.sidecar_token",
     "generator.logprobs_mode": "engine logprobs: full (log softmax(logits/T), the trainer's) | sampled (after "
-                               "top-p/k)",
+                               "top-p/k) | raw (log softmax(logits) at T 1, vLLM's default, the seed runs')",
     "generator.gpu_memory_utilization": "share (0-1) of each GPU a sidecar engine claims; no effect on CPU",
     "generator.colocate_with_trainer": "backend=vllm: the vLLM sidecars share the trainer's GPUs",
     "generator.n_samples_per_prompt": "samples per prompt: one group of n trajectories for the group advantages",
@@ -314,12 +328,23 @@ KEY_DOCS: dict[str, str] = {
     "generator.sampling_params.top_k": "top-k of training rollouts; -1 or 0 = off",
     "generator.eval_sampling_params.temperature": "temperature of held-out evaluation when greedy is False",
     "generator.eval_sampling_params.greedy": "held-out evaluation decodes greedily (argmax)",
+    "generator.eval_sampling_params.n_samples": "episodes per held-out prompt when not greedy (success over all)",
     "generator.episode_delay_s": "benchmark/test knob: every episode takes at least this long (s); 0 = off",
     "generator.episode_delay_jitter": "spread of episode_delay_s per prompt, in [0, 1]: d x (1 + jitter x (2u - 1))",
     # Harbor terminal tasks
     "harbor.prompt_style": "agent prompt: terminus-2 (Harbor's own texts, read at run time) | compact (embedded policy)",
     "harbor.harbor_wheel": "path of a harbor wheel holding terminus-2's texts; '' = the installed harbor package",
     "harbor.strict_json_parser": "strict Terminus-2 parsing: no auto-correction, responses with warnings run nothing",
+    "harbor.stop_agent_processes": "kill the agent's processes before the verifier runs (Harbor keeps them running)",
+    "harbor.error_policy.mask": "error classes left out of the loss and the baselines (outcome or Harbor names)",
+    "harbor.error_policy.passthrough": "error classes keeping the verifier's reward (e.g. agent_timeout)",
+    "harbor.error_policy.zero": "error classes trained on with reward 0",
+    "harbor.error_policy.default": "treatment of error classes in no list: mask | passthrough | zero",
+    "harbor.error_policy.no_retry": "error classes never retried (Harbor's exclude_exceptions)",
+    "harbor.error_policy.max_retries": "times a failed trial is played again (0 = never)",
+    "harbor.error_policy.min_wait_sec": "shortest wait before a retry (s)",
+    "harbor.error_policy.max_wait_sec": "longest wait before a retry (s)",
+    "harbor.error_policy.wait_multiplier": "retry wait = clip(wait_multiplier * 2**attempt, min, max) seconds",
     "harbor.agent_timeout_sec": "agent's wall-clock budget per trial (s); 0 = the task's [agent] timeout_sec",
     "harbor.verifier_timeout_sec": "verifier's wall-clock limit per trial (s); 0 = the task's [verifier] timeout_sec",
     "harbor.command_timeout_sec": "cap in seconds on one command's wait (Terminus: 60)",
@@ -628,10 +653,11 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     compute, full remat, cuDNN attention, FSDP over 8 devices per replica, vLLM sidecars, and
     the seed runs' terminal-agent settings: `data.dataset_path` takes a Harbor task set (task
     directory, folder, DCAgent .parquet) as well as a prompt file; the Terminus prompt, agent
-    900 s, verifier 120 s, the verifier sanity gate, sampling temperature 0.7 / top-p 0.95 /
-    top-k 20, a 32k-token context (32,000 input tokens) and 4,096 tokens per turn. With top-p /
-    top-k on at T != 1 no vLLM mode returns "full" logprobs, so `generator.logprobs_mode` is
-    "sampled" (vLLM --logprobs-mode processed_logprobs: the distribution actually sampled). Thinking
+    900 s, verifier 120 s, the verifier sanity gate, the seed run's sampling (temperature 1.2 /
+    top-p 0.95 / top-k 20), a 32k-token context (32,000 input tokens) and 4,096 tokens per turn.
+    The engine's logprobs are "raw" (temperature 1, full vocabulary: vLLM's default raw_logprobs,
+    which the seed runs trained with), the trainer's at temperature 1.2; rl_config.json says so
+    (`_derived.logprobs`). The error policy is the seed runs' (`harbor.error_policy`). Thinking
     is on, and message renderings keep the `<think>` block of past turns
     (`generator.chat_template=keep_thinking`), as in the seed runs.
 
@@ -664,15 +690,28 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     c.generator.sampling_params.max_generate_length = 4096
     c.generator.max_input_tokens = 32000
     sp = c.generator.sampling_params
-    sp.temperature, sp.top_p, sp.top_k = 0.7, 0.95, 20
-    c.trainer.algorithm.temperature = 0.7  # pi_old at the sampling temperature
-    c.generator.logprobs_mode = "sampled"  # the only definition vLLM returns at these settings
+    sp.temperature, sp.top_p, sp.top_k = 1.2, 0.95, 20  # 56GPU_qwen3_8b.yaml (later seed runs: 0.7)
+    c.trainer.algorithm.temperature = 1.2  # pi_theta / pi_old at the sampling temperature (SkyRL's default)
+    # The seed runs' vLLM returned its default raw_logprobs (temperature 1, before top-p/top-k) as mu;
+    # "sampled" (the truncated distribution at T 1.2) is the consistent alternative (docs/recipes.md).
+    c.generator.logprobs_mode = "raw"
     # The seed runs think (chat_template_kwargs enable_thinking: true) and their vLLM renders every
     # past assistant turn with its <think> block (qwen3_thinking_acc.jinja2): jaxrl/envs/chat.py.
     c.generator.enable_thinking = True
     c.generator.chat_template = "keep_thinking"
     c.data.verify_tasks = True
     c.harbor.prompt_style = "terminus-2"
+    # the seed runs' error policy (56GPU_qwen3_8b.yaml terminal_bench.harbor, Harbor's exception names)
+    ep = c.harbor.error_policy
+    ep.mask = ("DaytonaError", "EnvironmentStartTimeoutError", "NetworkError", "ConnectionError",
+               "RewardFileNotFoundError", "RewardFileEmptyError", "AgentEnvironmentTimeoutError",
+               "ContextLengthExceededError")
+    ep.passthrough = ("AgentTimeoutError",)
+    ep.zero = ()
+    ep.default = "zero"
+    ep.no_retry = ("VerifierTimeoutError", "VerifierRuntimeError", "RewardFileNotFoundError", "RewardFileEmptyError",
+                   "VerifierOutputParseError")
+    ep.max_retries, ep.min_wait_sec, ep.max_wait_sec, ep.wait_multiplier = 3, 60.0, 600.0, 2.0
     c.harbor.agent_timeout_sec = 900.0
     c.harbor.verifier_timeout_sec = 120.0
     c.trainer.algorithm.max_seq_len = 32768
@@ -690,6 +729,34 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
 def _require(cond: bool, key: str, problem: str, fix: str):
     if not cond:
         raise ConfigError(key, problem, fix)
+
+
+def _check_model_input(c: ml_collections.ConfigDict) -> None:
+    if c.scale != "cpu":
+        _require(bool(c.model.path), "model.path", f"the {c.scale} scale needs an HF checkpoint",
+                 "pass --config.model.path=/path/to/Qwen3-8B (a directory with config.json and *.safetensors)")
+    if c.model.path:
+        problem = hf_checkpoint_problem(c.model.path)
+        _require(problem is None, "model.path", problem, f"point it at {HF_CHECKPOINT_HINT}, or use '' for the "
+                 "embedded default policy")
+        problem = tokenizer_problem(c.model.path)
+        _require(problem is None, "model.path", problem, "copy the tokenizer files of the model it was trained from "
+                 "into it")
+
+
+def check_inputs_first(c: ml_collections.ConfigDict) -> None:
+    """The checks of `validate` that need no JAX, run by `jaxrl.main` before it imports JAX (a
+    bad path is then reported in about a second, not after 17-31 s of imports): key types, the
+    model checkpoint (`model.path`), a dataset file (`data.task=dataset`) and a held-out file.
+    Raises: ConfigError, with the message `validate` gives for the same problem."""
+    _check_types(c)
+    _check_model_input(c)
+    if c.data.task == "dataset":
+        _require(bool(c.data.dataset_path) and os.path.exists(c.data.dataset_path), "data.dataset_path",
+                 f"{c.data.dataset_path!r} does not exist", "point it at a .jsonl or .parquet prompt file")
+    if c.data.eval_dataset_path and c.data.task == "dataset":
+        _require(os.path.isfile(c.data.eval_dataset_path), "data.eval_dataset_path",
+                 f"{c.data.eval_dataset_path!r} does not exist", "point it at a .jsonl or .parquet prompt file")
 
 
 def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check_inputs: bool = True,
@@ -719,16 +786,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
     }
     _check_types(c)
     t, a, g = c.trainer, c.trainer.algorithm, c.generator
-    if c.scale != "cpu" and check_inputs:
-        _require(bool(c.model.path), "model.path", f"the {c.scale} scale needs an HF checkpoint",
-                 "pass --config.model.path=/path/to/Qwen3-8B (a directory with config.json and *.safetensors)")
-    if c.model.path and check_inputs:
-        problem = hf_checkpoint_problem(c.model.path)
-        _require(problem is None, "model.path", problem, f"point it at {HF_CHECKPOINT_HINT}, or use '' for the "
-                 "embedded default policy")
-        problem = tokenizer_problem(c.model.path)
-        _require(problem is None, "model.path", problem, "copy the tokenizer files of the model it was trained from "
-                 "into it")
+    if check_inputs:
+        _check_model_input(c)
     # Algorithm names.
     for key, value, kind in (
         ("trainer.algorithm.advantage_estimator", a.advantage_estimator, "advantage_estimator"),
@@ -1121,6 +1180,15 @@ def _validate_harbor(c: ml_collections.ConfigDict, check_inputs: bool) -> None:
              f"use one of {list(PROMPT_STYLES)}")
     _require(isinstance(h.strict_json_parser, bool), "harbor.strict_json_parser", "must be True or False",
              "use False (Harbor 0.26's parser) or True")
+    _require(isinstance(h.stop_agent_processes, bool), "harbor.stop_agent_processes", "must be True or False",
+             "use False (Harbor: the agent's processes run through verification) or True")
+    from jaxrl.train.error_policy import ErrorPolicy
+
+    try:
+        ErrorPolicy.from_config(h.error_policy)
+    except (ValueError, TypeError) as e:
+        raise ConfigError("harbor.error_policy", str(e), "use jaxrl's outcome names or Harbor's exception names "
+                          "(docs/terminal_tasks.md lists them)") from None
     if h.prompt_style == "terminus-2" and check_inputs and _is_harbor_run(c):
         from jaxrl.envs.harbor.terminus2 import HarborFilesError, terminus2_texts
 
@@ -1167,6 +1235,9 @@ def _validate_logprobs_mode(c: ml_collections.ConfigDict) -> None:
     from jaxrl.rollout.types import LOGPROBS_MODES
 
     g, sp, es = c.generator, c.generator.sampling_params, c.generator.eval_sampling_params
+    n = es.get("n_samples", 1)
+    _require(isinstance(n, int) and not isinstance(n, bool) and n >= 1, "generator.eval_sampling_params.n_samples",
+             f"{n!r} is not a count", "use an integer >= 1 (episodes per held-out prompt)")
     _require(g.logprobs_mode in LOGPROBS_MODES, "generator.logprobs_mode", f"unknown mode {g.logprobs_mode!r}",
              "use 'full' (log softmax(logits / T) over the vocabulary, the trainer's definition) or 'sampled' "
              "(the distribution actually sampled, after top-p/top-k)")
@@ -1197,6 +1268,24 @@ def rollout_max_seq_len(c: ml_collections.ConfigDict) -> int:
 def to_json_dict(c: ml_collections.ConfigDict) -> dict[str, Any]:
     """A JSON-serializable dict of the resolved config (tuples become lists)."""
     return json.loads(c.to_json_best_effort())
+
+
+def logprob_definitions(c: ml_collections.ConfigDict) -> dict[str, str]:
+    """In words, which log-probabilities a run trains with (rl_config.json `_derived.logprobs`):
+    `trainer` (π_θ and π_old: the trainer's forward), `engine` (μ: what the rollout engine returns
+    for each sampled token, `generator.logprobs_mode`), `sampling` (what drew the tokens) and
+    `ratio` (what the PPO ratio and TIS weight compare)."""
+    sp, a, mode = c.generator.sampling_params, c.trainer.algorithm, c.generator.logprobs_mode
+    filt = f", top-p {sp.top_p:g}, top-k {sp.top_k}" if (sp.top_p < 1 or sp.top_k > 0) else ""
+    engine = {"full": f"log_softmax(logits / {sp.temperature:g}) over the full vocabulary",
+              "sampled": f"log_softmax over the tokens top-p/top-k keep of logits / {sp.temperature:g} (the "
+                         "distribution sampled)",
+              "raw": "log_softmax(logits) at temperature 1 over the full vocabulary (vLLM's raw_logprobs, as the "
+                     "seed runs' vLLM returned)"}.get(mode, mode)
+    return {"trainer": f"log_softmax(logits / {a.temperature:g}) over the full vocabulary",
+            "engine": engine, "sampling": f"temperature {sp.temperature:g}{filt}",
+            "ratio": "PPO ratio pi_theta / pi_old (both the trainer's); TIS / off-policy weight pi_old / mu with "
+                     "mu the engine's logprob above"}
 
 
 def write_json_atomic(path: str, obj: Any) -> None:

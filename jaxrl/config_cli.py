@@ -20,7 +20,6 @@ from typing import Any, Optional, Sequence
 
 from jaxrl import config as config_lib
 
-_VALUE_WIDTH = 20  # a longer value pushes the rest of its line right
 
 
 def load(spec: str) -> dict[str, Any]:
@@ -46,6 +45,7 @@ def load(spec: str) -> dict[str, Any]:
                                          "rl_config.json or a recipe such as configs/rloo.py") from None
         if not isinstance(obj, dict):
             raise config_lib.ConfigError(f"{spec}: not a JSON object. Fix: pass a run's rl_config.json")
+        obj.pop("_derived", None)  # notes derived from the config, not keys
         return {k: tuple(v) if isinstance(v, list) else v for k, v in config_lib.flatten(obj).items()}
     return config_lib.flatten(config_lib.load_recipe(spec))
 
@@ -58,13 +58,20 @@ def _doc(key: str) -> str:
     return config_lib.KEY_DOCS.get(key, "(not described in jaxrl.config.KEY_DOCS)")
 
 
+SHOW_WIDTH = 100  # `show` lines are at most this wide (a terminal, a code review, a log viewer)
+
+
 def show_lines(spec: str, prefixes: Sequence[str] = ()) -> list[str]:
-    """The lines `show` prints: a header, then `key  value  type  meaning` per key (aligned).
+    """The lines `show` prints, none wider than `SHOW_WIDTH`: a header, then per key
+    `key = value` and, indented below it, `type: meaning` (wrapped). A value too long for its key's
+    line goes on a line of its own below the key.
 
     Raises:
       ConfigError: as `load`; or a prefix that starts no key (naming the nearest key or section,
         or the top-level keys when none is close: `config.unknown_key_hint`).
     """
+    import textwrap
+
     flat = load(spec)
     for p in prefixes:
         if not any(k.startswith(p) for k in flat):
@@ -73,17 +80,21 @@ def show_lines(spec: str, prefixes: Sequence[str] = ()) -> list[str]:
                                          f"of a dotted key, e.g. trainer.optimizer (every key: "
                                          f"python -m jaxrl.config show {spec})")
     keys = [k for k in flat if not prefixes or any(k.startswith(p) for p in prefixes)]
-    kw = max(3, *(len(k) for k in keys))
-    values = {k: _fmt(flat[k]) for k in keys}
-    vw = max(5, min(_VALUE_WIDTH, max(len(v) for v in values.values())))
-    types = {k: config_lib.key_type(k, flat[k]) for k in keys}
-    tw = max(4, *(len(t) for t in types.values()))
     scale = flat.get("scale", "?")
-    lines = [f"# {spec} (scale {scale}): {len(keys)} of {len(flat)} keys; override any with --config.KEY=VALUE",
-             f"{'KEY':<{kw}}  {'VALUE':<{vw}}  {'TYPE':<{tw}}  MEANING"]
+    lines = [f"# {spec} (scale {scale}): {len(keys)} of {len(flat)} keys",
+             "# each key: KEY = VALUE, then, indented, TYPE: MEANING; override any with --config.KEY=VALUE"]
+    indent = "    "
     for k in keys:
-        v = values[k]
-        lines.append(f"{k:<{kw}}  {v:<{vw}}  {types[k]:<{tw}}  {_doc(k)}")
+        v = _fmt(flat[k])
+        head = f"{k} = {v}"
+        if len(head) <= SHOW_WIDTH:
+            lines.append(head)
+        else:
+            lines.append(f"{k} =")
+            lines += textwrap.wrap(v, SHOW_WIDTH, initial_indent=indent, subsequent_indent=indent,
+                                   break_on_hyphens=False) or [indent]
+        lines += textwrap.wrap(f"{config_lib.key_type(k, flat[k])}: {_doc(k)}", SHOW_WIDTH, initial_indent=indent,
+                               subsequent_indent=indent, break_on_hyphens=False)
     return lines
 
 

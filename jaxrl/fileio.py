@@ -8,9 +8,11 @@ umask), so teammates on a shared cluster filesystem can read a run directory as 
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import shutil
 import secrets
 from typing import Any, Optional
 
@@ -26,6 +28,97 @@ def _open_new(directory: str, base: str) -> tuple[int, str]:
         except FileExistsError:
             continue
     raise FileExistsError(f"could not create a temporary file in {directory}")
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "ENOSPC", "RESOURCE_EXHAUSTED: Failed to write",
+                   "File too large")
+_PATH_IN_TEXT = re.compile(r"(/[^\s'\"(),:]+)")
+
+
+def _chain(e: BaseException):
+    """`e`, its causes and contexts, and the members of exception groups, each once."""
+    seen, todo = set(), [e]
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        yield x
+        todo.extend([x.__cause__, x.__context__, *getattr(x, "exceptions", ())])
+
+
+def disk_full_path(e: BaseException, default: str) -> Optional[str]:
+    """The path a write failed on when `e` (or anything in its cause chain) says the disk is full
+    (ENOSPC, EDQUOT, or a library's text of them, e.g. Orbax/TensorStore's); None otherwise.
+
+    The path is the OSError's filename, else the first absolute path in the message under
+    `default`'s folder, else `default` (the folder being written, e.g. the run directory)."""
+    hit = None
+    for x in _chain(e):
+        if isinstance(x, OSError) and x.errno in DISK_FULL_ERRNOS:
+            if x.filename:
+                return os.fspath(x.filename)
+            hit = hit or x
+        elif any(t in str(x) for t in _DISK_FULL_TEXT):
+            hit = hit or x
+    if hit is None:
+        return None
+    root = os.path.abspath(default)
+    for x in _chain(e):
+        paths = [p for p in _PATH_IN_TEXT.findall(str(x)) if p.startswith(root)]
+        if paths:
+            return max(paths, key=len)  # the most specific: the file, not its database folder
+    return default
+
+
+DISK_MARGIN_BYTES = 1 << 20  # metadata, manifests, JSON next to the tensors
+
+
+def require_free_space(path: str, nbytes: int, what: str) -> None:
+    """Raises OSError(ENOSPC, ..., path) before a write of about `nbytes` bytes under `path` when
+    its filesystem has less free space than that (plus `DISK_MARGIN_BYTES`), so a write that
+    cannot fit fails cleanly before it starts (no partial folder, no library's failure noise).
+
+    Args: path: the file or folder to be written (need not exist yet); nbytes: its size in
+      bytes; what: what it is, for the message ("checkpoint of step 3").
+    """
+    where = _nearest_existing(os.path.dirname(os.path.abspath(path)) if not os.path.isdir(path) else path)
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return  # no statistics (an exotic filesystem): the write itself will tell
+    need = int(nbytes) + DISK_MARGIN_BYTES
+    if free < need:
+        raise OSError(errno.ENOSPC, f"No space left on device: the {what} needs {need / 2**20:.1f} MiB, "
+                      f"{free / 2**20:.1f} MiB are free", os.path.abspath(path))
+
+
+def tree_nbytes(tree) -> int:
+    """Total bytes of the arrays (or ShapeDtypeStructs) of a pytree, in their dtypes."""
+    import jax
+    import numpy as np
+
+    return int(sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+                   for x in jax.tree.leaves(tree) if hasattr(x, "shape") and hasattr(x, "dtype")))
+
+
+def disk_full_message(path: str, folder: str, resume_hint: str, e: Optional[BaseException] = None) -> str:
+    """The one line for a full disk: the path that could not be written (with what it needed, when
+    `require_free_space` raised `e`), the space left on its filesystem and the fix (`resume_hint`
+    says what rerunning does)."""
+    need = next((x.strerror.split(": ", 1)[1] for x in (_chain(e) if e is not None else ())
+                 if isinstance(x, OSError) and x.errno == errno.ENOSPC and (x.strerror or "").startswith(
+                     "No space left on device: ")), "")
+    where = _nearest_existing(folder)
+    try:
+        usage = shutil.disk_usage(where)
+        free = (f"{need}; {usage.total / 2**20:.1f} MiB in all" if need else
+                f"{usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB") + f" on the filesystem of {where}"
+    except OSError:
+        free = need or f"the filesystem of {where}"
+    return (f"no space left on device: could not write {path} ({free}). Fix: free space "
+            f"there (df -h {where}) or use a larger disk for it, then {resume_hint}")
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:

@@ -36,12 +36,29 @@ def define_flags() -> None:
 
 
 def main(argv):
+    cli.handle_sigterm()  # SIGTERM ends the run like Ctrl-C: cleaned up, one line on how to resume
+    try:
+        _main(argv)
+    except KeyboardInterrupt:  # before the run started (imports, config checks): nothing to clean up
+        cli.interrupted_exit("the run")
+
+
+def _main(argv):
     if len(argv) > 1:
         cli.usage_error(f"unexpected arguments: {argv[1:]}")
     if _CONFIG.value is None:
         cli.usage_error("--config is required, e.g. --config=configs/rloo.py")
+    from jaxrl.config import ConfigError, check_inputs_first
+
+    config = _CONFIG.value
+    try:  # the inputs (model, data) and key types, before JAX is imported: a bad path fails in a second
+        check_inputs_first(config)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError:
+        pass  # a recipe file that cannot be loaded is reported below
     from jaxrl import gpu_memory, parallel
-    from jaxrl.config import ConfigError
 
     try:  # the trainer's share of each GPU, before any JAX backend starts
         gpu_memory.apply_trainer_env(_CONFIG.value)
@@ -62,7 +79,7 @@ def main(argv):
         cli.recipe_load_error(e)
     workdir = _WORKDIR.value or os.path.join("runs", name)
     try:
-        summary = trainer.run(config, workdir)
+        summary = _run_or_report_full_disk(trainer, config, workdir)
         import jax
 
         if jax.process_index() == 0:
@@ -76,10 +93,38 @@ def main(argv):
         print(f"error: rollout sidecar failed: {trainer.sidecar_error_text(e)}\n"
               "Rerun the same command to resume from the last checkpoint.", file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt:
-        print(f"\ninterrupted; rerun the same command to resume {workdir} from its last checkpoint",
-              file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.Terminated) from a scheduler, on every process
+        cli.interrupted_exit(f"{workdir} from its last checkpoint")
+
+
+def _run_or_report_full_disk(trainer, config, workdir: str):
+    """`trainer.run`; a write that fails for a full disk (anywhere: checkpoint, sync version, log,
+    rollout, export) ends the run with one line naming the path and the fix, exit 1, after the
+    trainer's own cleanup (sidecars and the producer stopped, checkpoints closed) and with every
+    partial write of the run directory removed; committed checkpoints stay, so a rerun resumes."""
+    from jaxrl import fileio
+
+    try:
+        return trainer.run(config, workdir)
+    except Exception as e:  # noqa: BLE001 - anything else is re-raised unchanged
+        path = fileio.disk_full_path(e, os.path.abspath(workdir))
+        if path is None:
+            raise
+        import jax
+
+        from jaxrl.train import rundir
+
+        if jax.process_index() == 0:
+            rundir.remove_partial_writes(os.path.abspath(workdir))
+        hint = ("rerun the same command: it resumes from the last checkpoint" if _has_checkpoint(workdir)
+                else "rerun the same command")
+        print(f"error: {fileio.disk_full_message(path, os.path.abspath(workdir), hint, e)}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def _has_checkpoint(workdir: str) -> bool:
+    ckpts = os.path.join(workdir, "checkpoints")
+    return os.path.isdir(ckpts) and any(name.isdigit() for name in os.listdir(ckpts))
 
 
 if __name__ == "__main__":

@@ -211,6 +211,7 @@ def read_run_config(path: str) -> ml_collections.ConfigDict:
         raise PolicyError(f"{path}: cannot read the run config ({e}). Fix: pass the run's rl_config.json") from None
     if not isinstance(obj, dict):
         raise PolicyError(f"{path}: the run config is not a JSON object. Fix: pass the run's rl_config.json")
+    obj.pop("_derived", None)  # notes written next to the config (rl_config.json), not keys
     c = base_config()
     unknown: list[str] = []
     try:

@@ -15,6 +15,16 @@ for ((i = 0; i < N; i++)); do
     python -m jaxrl.main --config="${RECIPE:-configs/rloo.py}" --workdir="$WORKDIR" "$@") &
   pids+=($!)
 done
+# SIGTERM / SIGINT to this script reach every process (each one cleans up and says how to resume).
+forward() { kill -"$1" "${pids[@]}" 2>/dev/null || true; }
+trap 'forward TERM' TERM
+trap 'forward INT' INT
 status=0
-for p in "${pids[@]}"; do wait "$p" || status=$?; done
+for p in "${pids[@]}"; do
+  while :; do
+    rc=0; wait "$p" || rc=$?
+    kill -0 "$p" 2>/dev/null || break  # wait returns early when a trapped signal arrives
+  done
+  [[ $rc -ne 0 ]] && status=$rc
+done
 exit $status

@@ -19,6 +19,21 @@
 #   JAXRL_GPU_MEMORY_UTILIZATION  vLLM's --gpu-memory-utilization (default 0.85; the share of each GPU it
 #                             claims; with a trainer on the same GPUs it must match generator.gpu_memory_utilization)
 #   JAXRL_PYTHON              python that runs the front (default python3; needs jaxrl importable, no JAX)
+#   JAXRL_VLLM_DEVICE         cpu | cuda (default: cuda when nvidia-smi lists a GPU, else cpu)
+# The `vllm` on PATH runs vLLM: put the engine environment first (launch/install_engine_env.sh DIR, then
+# PATH=DIR/bin:$PATH).
+#
+# Fitted to the run:
+#   * dtype: `--dtype X` among the extra arguments, else config.json's torch_dtype (float32 for the embedded
+#     CPU-scale policies, bfloat16 for Qwen3 checkpoints). It must be the run's model.compute_dtype: the
+#     front refuses a version published in another dtype (one line naming --dtype), and it sets the
+#     tolerance of the front's load probe (jaxrl/rollout/weight_probe.py).
+#   * on a CPU: --enforce-eager (start-up 1-2 min instead of compiling), and scheduler settings the CPU
+#     engine needs for seeded requests: --max-num-batched-tokens 32768 --max-num-seqs 256
+#     --no-async-scheduling (seeded sampling with chunked prefill stops vLLM 0.32's CPU engine with
+#     "CPU Generator does not use offset"); each is added only when the extra arguments do not set it.
+#   * start-up: the front waits up to JAXRL_VLLM_START_TIMEOUT s (default 1800) for vLLM before it binds
+#     PORT; wait for PORT with launch/wait_engines.py (same default).
 #
 # Security model: vLLM's API key guards only its /v1 routes; /collective_rpc (run any worker method),
 # /pause, /reset_prefix_cache, ... are open in VLLM_SERVER_DEV_MODE, which the weight sync needs. So vLLM
@@ -47,6 +62,43 @@ HOST=${JAXRL_SIDECAR_HOST:-127.0.0.1}
 MODE=${JAXRL_VLLM_LOGPROBS_MODE:-processed_logprobs}
 UTIL=${JAXRL_GPU_MEMORY_UTILIZATION:-0.85}
 PYTHON=${JAXRL_PYTHON:-python3}
+START_TIMEOUT=${JAXRL_VLLM_START_TIMEOUT:-1800}
+if ! command -v vllm >/dev/null 2>&1; then
+  echo "error: no \`vllm\` on PATH. Fix: launch/install_engine_env.sh DIR, then run with PATH=DIR/bin:\$PATH" >&2
+  exit 2
+fi
+if [[ ! -f "$MODEL_DIR/config.json" ]]; then
+  echo "error: MODEL_DIR $MODEL_DIR has no config.json. Fix: pass an HF checkpoint directory" >&2
+  exit 2
+fi
+has_arg() { local a; for a in "${EXTRA_ARGS[@]}"; do [[ "$a" == "$1" || "$a" == "$1="* ]] && return 0; done; return 1; }
+EXTRA_ARGS=("$@")
+DTYPE=""
+for ((i = 0; i < ${#EXTRA_ARGS[@]}; i++)); do
+  case "${EXTRA_ARGS[$i]}" in
+    --dtype) DTYPE=${EXTRA_ARGS[$((i + 1))]:-} ;;
+    --dtype=*) DTYPE=${EXTRA_ARGS[$i]#--dtype=} ;;
+  esac
+done
+DTYPE_ARGS=()
+if [[ -z "$DTYPE" ]]; then
+  DTYPE=$("$PYTHON" -c 'import json, sys; c = json.load(open(sys.argv[1])); print(c.get("torch_dtype") or c.get("dtype") or "bfloat16")' "$MODEL_DIR/config.json")
+  DTYPE_ARGS=(--dtype "$DTYPE")
+fi
+case "$DTYPE" in float32|bfloat16) ;; *)
+  echo "error: dtype $DTYPE; the jaxrl trainer publishes float32 or bfloat16 (model.compute_dtype): pass --dtype float32 or --dtype bfloat16" >&2
+  exit 2;; esac
+DEVICE=${JAXRL_VLLM_DEVICE:-}
+if [[ -z "$DEVICE" ]]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then DEVICE=cuda; else DEVICE=cpu; fi
+fi
+DEVICE_ARGS=()
+if [[ "$DEVICE" == cpu ]]; then
+  has_arg --enforce-eager || DEVICE_ARGS+=(--enforce-eager)
+  has_arg --max-num-batched-tokens || DEVICE_ARGS+=(--max-num-batched-tokens 32768)
+  has_arg --max-num-seqs || DEVICE_ARGS+=(--max-num-seqs 256)
+  has_arg --no-async-scheduling || has_arg --async-scheduling || DEVICE_ARGS+=(--no-async-scheduling)
+fi
 case "$MODE" in processed_logprobs|raw_logprobs) ;; *)
   echo "error: JAXRL_VLLM_LOGPROBS_MODE=$MODE; use processed_logprobs or raw_logprobs" >&2; exit 2;; esac
 
@@ -78,16 +130,17 @@ fi
 #   the kept set); raw_logprobs = log_softmax of the raw logits (before temperature). jaxrl.rollout.logprob_modes.
 vllm serve "$MODEL_DIR" "${BIND[@]}" \
   --served-model-name policy \
-  --dtype bfloat16 \
+  "${DTYPE_ARGS[@]}" "${DEVICE_ARGS[@]}" \
   --worker-extension-cls jaxrl.rollout.vllm_worker.OrbaxWeightLoader \
   --generation-config vllm \
   --logprobs-mode "$MODE" \
   --gpu-memory-utilization "$UTIL" \
-  "$@" &
+  "${EXTRA_ARGS[@]}" &
 VLLM_PID=$!
 
 "$PYTHON" -m jaxrl.rollout.sidecar --backend vllm --upstream "$UPSTREAM" --vllm-logprobs-mode "$MODE" \
   --gpu-memory-utilization "$UTIL" --host "$HOST" --port "$PORT" --sync-dir "$JAXRL_SYNC_DIR" \
+  --model-dir "$MODEL_DIR" --served-dtype "$DTYPE" --upstream-start-timeout "$START_TIMEOUT" \
   --resume-latest --log-level warning "${TOKEN_ARGS[@]}" &
 FRONT_PID=$!
 

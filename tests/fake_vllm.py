@@ -79,7 +79,10 @@ def make_app(model_dir: str, *, tp: int = 2, api_key: str | None = None, old: bo
 
     app = FastAPI()
     fake = types.SimpleNamespace(calls=[], bodies=[], workers=make_workers(model_dir, tp), paused=False,
-                                 weight_version=None, fail_load_worker=None, stale_worker=None, w=0)
+                                 weight_version=None, fail_load_worker=None, stale_worker=None, w=0,
+                                 loaded_path=None, probe_shift=0.0)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        probe_cfg = json.load(f)
     app.state.fake = fake
 
     @app.middleware("http")
@@ -135,6 +138,16 @@ def make_app(model_dir: str, *, tp: int = 2, api_key: str | None = None, old: bo
                 choice["token_ids"] = toks
                 choice["prompt_token_ids"] = prompt
             choices.append(choice)
+        if body.get("prompt_logprobs") is not None and fake.loaded_path:
+            # vLLM's prompt logprobs (one dict per position, None first) of the weights the workers
+            # loaded, computed as the front's probe computes them, plus `probe_shift` (a stale tensor).
+            from jaxrl.models import hf_io
+            from jaxrl.rollout import weight_probe
+
+            ref = weight_probe.reference_logprobs(fake.loaded_path, hf_io.Qwen3Config.from_hf_dict(probe_cfg), prompt)
+            choices[0]["prompt_logprobs"] = [None] + [
+                {str(t): {"logprob": float(lp) + fake.probe_shift, "rank": 1, "decoded_token": ""}}
+                for t, lp in zip(prompt[1:], ref)]
         n_gen = sum(len(c.get("token_ids") or []) for c in choices)
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": served_name, "choices": choices,
@@ -160,6 +173,7 @@ def make_app(model_dir: str, *, tp: int = 2, api_key: str | None = None, old: bo
                 return JSONResponse({"error": f"{type(e).__name__}: {e}"}, status_code=500)
             results.append(r if r is None or isinstance(r, (dict, list)) else str(r))
         if method == "load_orbax_version":
+            fake.loaded_path = args[0]
             emb = dict(fake.workers[0].model_runner.model.received).get("model.embed_tokens.weight", 0.0)
             fake.w = int(abs(emb) * 1000) % 50
         return {"results": results}

@@ -185,12 +185,15 @@ def test_chat_without_a_model_is_one_line():
     ("--temperature", "0.001", "--temperature=0.001: must be 0 (greedy)"),
     ("--top_p", "0", "--top_p=0: must be in (0, 1]"),
     ("--top_k", "-2", "--top_k=-2: must be >= 1, or 0 or -1 (off)"),
+    ("--prompt", "", "--prompt='': empty message"),  # issue 25 §6: main answered the empty message silently
+    ("--prompt", "  ", "--prompt='  ': empty message"),
 ])
 def test_bad_decoding_flags_are_one_line_naming_the_flag(flag, value, expected):
     """Regression: --max_new_tokens=-5 ended in a message naming the internal
     SamplingParams.max_tokens, after the model was loaded."""
+    prompt = [] if flag == "--prompt" else ["--prompt", "hi"]
     out = subprocess.run([sys.executable, "-m", "jaxrl.chat", "--model", DEFAULT_POLICY_DIR, f"{flag}={value}",
-                          "--prompt", "hi"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+                          *prompt], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert expected in out.stderr and "SamplingParams" not in out.stderr, out.stderr
 

@@ -88,7 +88,7 @@ def test_model_path_errors_say_what_is_wrong_and_what_a_model_is(paths, capsys, 
 
     cmd = importlib.import_module(f"jaxrl.{command}")
     flags = dict(_CONFIG=None, _OUTPUT=None) if command == "evaluate" else dict(
-        _RUN_CONFIG=None, _DTYPE=None, _MAX_SEQ=64, _MAX_NEW=0, _TEMPERATURE=0.0, _TOP_P=1.0, _TOP_K=-1)
+        _RUN_CONFIG=None, _DTYPE=None, _MAX_SEQ=64, _MAX_NEW=0, _TEMPERATURE=0.0, _TOP_P=1.0, _TOP_K=-1, _PROMPT=None)
     for name, value in flags.items():
         monkeypatch.setattr(cmd, name, types.SimpleNamespace(value=value))
     missing = os.path.join(paths.tmp, "missing")
@@ -308,3 +308,26 @@ def test_tasks_check_names_every_unknown_task_and_the_fix(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: no task named jaxrl/nope, other in ")
     assert "Fix: pass a name that `python -m jaxrl.tasks list " in err[0] and "[" not in err[0]
+
+
+@pytest.mark.parametrize("override, problem", [
+    ("--config.model.path=/nonexistent", "config key `model.path`: '/nonexistent' does not exist"),
+    ("--config.data.task=dataset", "config key `data.dataset_path`"),
+])
+def test_main_checks_model_and_data_before_importing_jax(tmp_path, override, problem):
+    """Issue 25 §6: a bad model or data path was reported only after JAX (and the trainer) had been
+    imported, 17-31 s on a loaded machine; the inputs are now checked first: the one-line error
+    comes from a process that never imported jax."""
+    import subprocess
+    import sys
+
+    code = ("import runpy, sys\n"
+            f"sys.argv = ['jaxrl.main', '--config=configs/rloo.py', {override!r}, '--workdir={tmp_path}/run']\n"
+            "try:\n    runpy.run_module('jaxrl.main', run_name='__main__')\n"
+            "except SystemExit as e:\n    print('exit', e.code, 'jax' in sys.modules)\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.stdout.strip() == "exit 2 False", (out.stdout, out.stderr[-2000:])
+    assert out.stderr.startswith(f"error: {problem}") and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not os.path.exists(tmp_path / "run")

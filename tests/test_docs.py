@@ -244,3 +244,64 @@ def test_recipes_doc_says_where_a_default_differs_from_skyrl():
             undeclared.append(f"{key}: jaxrl {ours!r}, SkyRL {theirs!r}")
     assert {"cispo.cispo_eps_clip_low", "eps_clip_high", "trainer.critic.optimizer.weight_decay"} <= cited
     assert not undeclared, "docs/recipes.md rows that do not state SkyRL's different default: " + "; ".join(undeclared)
+
+
+# Every leaf key of the seed run's hpc/skyrl_yaml/jupiter/56GPU_qwen3_8b.yaml (OpenThoughts-Agent,
+# commit 974ebb3a), as dotted YAML paths: the keys only, listed here so that the check runs offline.
+SEED_YAML_KEYS = """
+entrypoint config_groups.terminal_bench_config terminal_bench.trials_dir
+terminal_bench.harbor.name terminal_bench.harbor.max_episodes terminal_bench.harbor.enable_summarize
+terminal_bench.harbor.store_all_messages terminal_bench.harbor.trajectory_config.raw_content
+terminal_bench.harbor.enable_episode_logging terminal_bench.harbor.record_terminal_session
+terminal_bench.harbor.enable_pane_logging terminal_bench.harbor.strict_json_parser
+terminal_bench.harbor.interleaved_thinking terminal_bench.harbor.extra_body.chat_template_kwargs.enable_thinking
+terminal_bench.harbor.override_timeout_sec terminal_bench.harbor.override_cpus terminal_bench.harbor.override_memory_mb
+terminal_bench.harbor.override_storage_mb terminal_bench.harbor.auto_snapshot
+terminal_bench.harbor.verifier_override_timeout_sec terminal_bench.harbor.max_retries terminal_bench.harbor.min_wait_sec
+terminal_bench.harbor.max_wait_sec terminal_bench.harbor.wait_multiplier terminal_bench.harbor.exclude_exceptions
+terminal_bench.harbor.n_concurrent_trials terminal_bench.harbor.log_level terminal_bench.harbor.enable_reward_shaping
+terminal_bench.harbor.collect_rollout_details terminal_bench.harbor.enable_error_classification
+terminal_bench.harbor.mask_exceptions terminal_bench.harbor.default_error_treatment
+terminal_bench.harbor.passthrough_exceptions terminal_bench.harbor.zero_exceptions
+terminal_bench.model_info.max_input_tokens terminal_bench.model_info.max_output_tokens terminal_bench.archiving.enabled
+terminal_bench.trace_upload.enabled terminal_bench.trace_upload.repo_org terminal_bench.trace_upload.episodes
+terminal_bench.trace_upload.dataset_type terminal_bench.trace_upload.cleanup
+trainer.strategy trainer.algorithm.advantage_estimator trainer.algorithm.use_kl_loss trainer.algorithm.kl_loss_coef
+trainer.algorithm.eps_clip_low trainer.algorithm.eps_clip_high trainer.algorithm.loss_reduction trainer.algorithm.use_tis
+trainer.algorithm.tis_imp_ratio_cap trainer.epochs trainer.max_steps trainer.update_epochs_per_batch
+trainer.train_batch_size trainer.policy_mini_batch_size trainer.eval_batch_size trainer.micro_forward_batch_size_per_gpu
+trainer.micro_train_batch_size_per_gpu trainer.max_prompt_length trainer.eval_interval trainer.eval_before_train
+trainer.ckpt_interval trainer.resume_mode trainer.hf_save_interval trainer.hf_hub_repo_id trainer.hf_hub_private
+trainer.hf_hub_revision trainer.enable_db_registration trainer.project_name trainer.log_level
+trainer.tracker_commit_each_step trainer.logger trainer.run_name trainer.ckpt_path trainer.export_path
+trainer.policy.optimizer_config.lr trainer.policy.optimizer_config.weight_decay trainer.policy.optimizer_config.adam_betas
+trainer.policy.optimizer_config.max_grad_norm trainer.policy.fsdp_config.cpu_offload
+trainer.policy.fsdp_config.reshard_after_forward trainer.policy.fsdp_config.fsdp_size trainer.ref.fsdp_config.cpu_offload
+trainer.ref.fsdp_config.reshard_after_forward trainer.ref.fsdp_config.fsdp_size trainer.placement.colocate_all
+trainer.placement.policy_num_nodes trainer.placement.ref_num_nodes trainer.placement.policy_num_gpus_per_node
+trainer.placement.ref_num_gpus_per_node trainer.fully_async.max_staleness_steps
+trainer.fully_async.num_parallel_generation_workers generator.backend generator.timeout_multiplier generator.model_dtype
+generator.inference_engine_tensor_parallel_size generator.num_inference_engines generator.n_samples_per_prompt
+generator.eval_n_samples_per_prompt generator.gpu_memory_utilization generator.max_num_seqs
+generator.max_num_batched_tokens generator.enable_prefix_caching generator.enable_chunked_prefill
+generator.run_engines_locally generator.weight_sync_backend generator.async_engine generator.batched
+generator.enable_http_endpoint generator.enable_ray_prometheus_stats generator.vllm_stats_interval
+generator.append_eos_token_after_stop_str_in_multi_turn generator.max_turns generator.sampling_params.max_generate_length
+generator.sampling_params.temperature generator.sampling_params.top_p generator.sampling_params.top_k
+generator.engine_init_kwargs.max_model_len generator.engine_init_kwargs.custom_chat_template_chat_completion_path
+data.train_data data.val_data
+""".split()
+
+
+def test_seed_recipe_table_has_every_seed_key():
+    # docs/recipes.md "The seed run key by key": each seed key's last name appears in the first
+    # column of a row that also gives a jaxrl key or a reason (a non-empty third or fourth cell)
+    rows = [r for r in _section(RECIPES.read_text(), "The seed run key by key").splitlines() if r.startswith("| ")]
+    cells = [[c.strip() for c in r.strip("|").split(" | ")] for r in rows[1:]]  # after the header
+    missing = []
+    for key in SEED_YAML_KEYS:
+        leaf = key.split(".")[-1]
+        ok = any(re.search(r"(?<![\w])" + re.escape(leaf) + r"(?![\w])", c[0]) and (c[2] or c[3]) for c in cells)
+        if not ok:
+            missing.append(key)
+    assert not missing, f"docs/recipes.md's seed table lacks {missing}"

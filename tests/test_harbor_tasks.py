@@ -54,7 +54,7 @@ def test_task_toml_old_schema_and_defaults():
     assert c.schema_version == "1.0" and c.memory_mb == 2048 and c.storage_mb == 512
     d = parse_task_toml("")  # Harbor's defaults
     assert (d.agent_timeout_sec, d.verifier_timeout_sec, d.cpus, d.memory_mb, d.storage_mb, d.allow_internet) == \
-        (600.0, 600.0, 1.0, 2048, 10240, True)
+        (None, 600.0, 1.0, 2048, 10240, True)  # Harbor 0.26: no agent timeout unless given
     assert parse_task_toml("[environment]\nmemory = \"1.5g\"\n").memory_mb == 1536
 
 

@@ -471,3 +471,18 @@ def test_engine_layouts_give_the_same_tokens_and_logprobs(model):
                     np.testing.assert_allclose(ca.logprobs, cb.logprobs, atol=1e-5, rtol=0)
 
 
+
+
+def test_engine_raw_logprobs_mode_is_temperature_one_full_vocabulary(sampler, full_logits):
+    # the seed runs' mu: log_softmax(logits) at T 1, whatever T / top-p / top-k drew the token
+    T, top_p, top_k = 1.2, 0.95, 20
+    raw = SamplingParams(max_tokens=12, temperature=T, top_p=top_p, top_k=top_k, seed=3, n=2, logprobs_mode="raw")
+    full = dataclasses.replace(raw, logprobs_mode="full")
+    out_r, out_f = sampler.generate_requests([(PROMPTS[:2], raw), (PROMPTS[:2], full)])
+    for prompt, gr, gf in zip(PROMPTS[:2], out_r, out_f):
+        for cr, cf in zip(gr, gf):
+            assert cr.token_ids == cf.token_ids  # the mode does not change the draw
+            n, P = len(cr.token_ids), len(prompt)
+            logits = full_logits(prompt + cr.token_ids)[P - 1:P - 1 + n]
+            np.testing.assert_allclose(cr.logprobs, _log_softmax(logits)[np.arange(n), cr.token_ids], atol=1e-5)
+            np.testing.assert_allclose(cf.logprobs, _log_softmax(logits / T)[np.arange(n), cr.token_ids], atol=1e-5)

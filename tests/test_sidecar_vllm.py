@@ -74,10 +74,10 @@ def front(published, monkeypatch):
     monkeypatch.setenv("JAXRL_SYNC_DIR", os.path.realpath(published["sync"]))
     servers = []
 
-    def start(tp=2, old=False, mode="processed_logprobs"):
+    def start(tp=2, old=False, mode="processed_logprobs", dtype=None):
         up = _Server(fake_vllm.make_app(published["ckpt"], tp=tp, api_key=TOKEN, old=old))
         backend = VllmBackend(up.url, api_key=TOKEN, vllm_logprobs_mode=mode, gpu_memory_utilization=0.4,
-                              start_timeout_s=10)
+                              start_timeout_s=10, model_dir=published["ckpt"] if dtype else None, dtype=dtype)
         fr = _Server(create_app(backend, sync_dir=published["sync"], token=TOKEN))
         servers.extend([fr, up])
         return up.server.config.app.state.fake, fr.url, backend
@@ -179,6 +179,38 @@ def test_failed_or_partial_load_stops_completions_until_a_load_succeeds(front, p
     assert c.policy_version == 1 and not fake.paused
 
 
+def test_a_load_the_probe_disagrees_with_is_a_failed_load(front, published):
+    # A real vLLM cannot be made to keep a stale tensor any more (test_vllm_real checks that its loads
+    # pass the probe); the stand-in shifts its prompt logprobs as a stale head would.
+    fake, url, backend = front(tp=1, dtype="bfloat16")  # the fixture publishes in bfloat16
+    client = SidecarClient([url], token=TOKEN, max_retries=0)
+    path = os.path.join(published["sync"], "1")
+    fake.probe_shift = 0.8  # over bfloat16's tolerance (0.75)
+    with pytest.raises(SidecarError) as e:
+        client.load_weights(1, path)
+    assert e.value.status == 500 and "differ from that version's by up to 0.8" in str(e.value)
+    with pytest.raises(SidecarError) as e:
+        client.generate([[1]], SamplingParams(max_tokens=2, seed=0))
+    assert e.value.status == 503
+    probe = [b for b in fake.bodies if b.get("prompt_logprobs") is not None][-1]
+    assert probe["max_tokens"] == 1 and len(probe["prompt"]) == 24 and probe["prompt_logprobs"] == 0
+    fake.probe_shift = 0.0
+    client.load_weights(1, path)
+    assert backend.last_load["probe_max_abs_diff"] == 0.0
+    (c,), = client.generate([[1]], SamplingParams(max_tokens=2, seed=0))
+    assert c.policy_version == 1
+
+
+def test_a_version_published_in_another_dtype_is_refused_with_the_fix(front, published):
+    fake, url, _ = front(tp=1, dtype="float32")
+    client = SidecarClient([url], token=TOKEN, max_retries=0)
+    with pytest.raises(SidecarError) as e:
+        client.load_weights(1, os.path.join(published["sync"], "1"))
+    assert "published in bfloat16 but this vLLM computes in float32" in str(e.value)
+    assert "--dtype bfloat16" in str(e.value) and "Traceback" not in str(e.value)
+    assert ("POST", "/collective_rpc") not in fake.calls  # refused before vLLM is touched
+
+
 def test_older_vllm_without_pause_loads_through_prefix_cache_reset(front, published):
     fake, url, _ = front(old=True)
     client = SidecarClient([url], token=TOKEN, max_retries=0)
@@ -266,6 +298,12 @@ def test_vllm_logprob_modes_follow_vllms_sampler():
     assert logprob_modes.vllm_mode_for("sampled", 0.7, 0.9, 20) == "processed_logprobs"
     with pytest.raises(ValueError, match="no vLLM logprobs mode"):
         logprob_modes.vllm_mode_for("full", 0.7, 0.9, -1)
+    # "raw" (the seed runs' mu): vLLM's raw_logprobs at any settings; processed only at T 1 unfiltered
+    for (t, p, k) in cases:
+        assert logprob_modes.vllm_gap("raw_logprobs", "raw", t, p, k) is None
+        assert (logprob_modes.vllm_gap("processed_logprobs", "raw", t, p, k) is None) == (t == 1.0 and p == 1.0
+                                                                                          and k <= 0)
+    assert logprob_modes.vllm_mode_for("raw", 1.2, 0.95, 20) == "raw_logprobs"  # the seed sampling
 
 
 def test_front_reaches_vllm_on_a_unix_socket(published, monkeypatch, tmp_path):
@@ -341,10 +379,10 @@ def test_launch_script_binds_vllm_to_loopback_behind_the_front(published, tmp_pa
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "JAXRL_TOKEN_FILE": str(token),
            "JAXRL_SIDECAR_HOST": host, "JAXRL_VLLM_PORT": str(free_port()), "JAXRL_PYTHON": sys.executable,
            "JAXRL_VLLM_LOGPROBS_MODE": "raw_logprobs", "JAXRL_GPU_MEMORY_UTILIZATION": "0.3",
-           "FAKE_VLLM_RECORD": str(record), "PYTHONPATH": REPO}
+           "FAKE_VLLM_RECORD": str(record), "PYTHONPATH": REPO, "JAXRL_VLLM_DEVICE": "cpu"}
     log = open(tmp_path / "script.log", "wb")
     proc = subprocess.Popen(["bash", os.path.join(REPO, "launch", "vllm_sidecar.sh"), published["ckpt"], str(port),
-                             published["sync"], "--tensor-parallel-size", "2"], env=env, stdout=log,
+                             published["sync"], "--tensor-parallel-size", "2", "--dtype", "bfloat16"], env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://{host}:{port}"
     try:
@@ -366,6 +404,10 @@ def test_launch_script_binds_vllm_to_loopback_behind_the_front(published, tmp_pa
         assert flag("--worker-extension-cls") == "jaxrl.rollout.vllm_worker.OrbaxWeightLoader"
         assert flag("--generation-config") == "vllm" and flag("--logprobs-mode") == "raw_logprobs"
         assert flag("--gpu-memory-utilization") == "0.3" and flag("--tensor-parallel-size") == "2"
+        assert argv.count("--dtype") == 1 and flag("--dtype") == "bfloat16"  # the run's dtype, given once
+        # vLLM on a CPU: eager mode and the scheduler settings seeded requests need.
+        assert "--enforce-eager" in argv and "--no-async-scheduling" in argv
+        assert flag("--max-num-batched-tokens") == "32768" and flag("--max-num-seqs") == "256"
         assert rec["env"]["JAXRL_SYNC_DIR"] == os.path.realpath(published["sync"])
         assert rec["env"]["VLLM_SERVER_DEV_MODE"] == "1" and rec["env"]["VLLM_API_KEY"] == TOKEN
         assert rec["env"]["PYTHONPATH"].split(":")[0] == REPO

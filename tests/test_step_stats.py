@@ -116,3 +116,36 @@ def test_batch_metrics_do_not_count_excluded_trajectories():
     assert m["generate/avg_num_tokens"] == pytest.approx(9 / 3)          # main: 9 / 6
     assert m["generate/min_num_tokens"] == 2                             # main: 0
     assert m["generate/truncated_ratio"] == pytest.approx(1 / 3)         # main: 1 / 6
+
+
+def test_heldout_score_skips_excluded_trajectories_and_gives_its_standard_error():
+    """Issue 25 §2/§6: an env_error held-out trajectory is not scored (main counted it a failure),
+    and the success rate comes with its binomial standard error sqrt(p(1 − p)/n), by hand:
+    3 of 4 scored -> p = 0.75, SE = sqrt(0.75·0.25/4) = 0.2165."""
+    held = [_traj(1.0), _traj(1.0), _traj(0.0), _traj(1.0), _traj(0.0, "env_error")]
+    s = evaluation.score(held, 1.0)
+    assert s["eval/success_rate"] == pytest.approx(0.75)
+    assert s["eval/success_rate_stderr"] == pytest.approx((0.75 * 0.25 / 4) ** 0.5)
+    assert s["eval/num_excluded"] == 1
+    assert s["eval/avg_reward"] == pytest.approx(0.75)
+
+
+def test_report_states_the_spread_and_explains_the_lr_scale():
+    """Issue 25 §6: report.md printed "lr 0.0001 (scale now 1)" unexplained, and a held-out number
+    without its spread. n = 200, p = 0.36: SE = sqrt(0.36·0.64/200) = 3.4%."""
+    from jaxrl.config import base_config
+    from jaxrl.train.report import eval_line, report_text, summary_text
+    from jaxrl.train.rundir import TrainerState
+
+    c = base_config()
+    summary = {"heldout": "200 tasks, temperature 0.7", "eval_n": 200, "initial_eval": 0.26, "best_eval": 0.36,
+               "final_eval": 0.345, "best_step": 40, "best_ema": 0.3, "last_step": 60, "wall_s": 60.0}
+    line = eval_line(c, summary)
+    assert "start 26.0% ± 3.1% -> best-EMA checkpoint (step 40) 36.0% ± 3.4%; final step (60) 34.5% ± 3.4%" in line
+    assert "36.0% ± 3.4%" in summary_text(summary, "runs/x")
+    state = TrainerState()
+    text = report_text(c, summary, [], state, False)
+    assert "scale now" not in text and "(never lowered: no reward-collapse rollback)" in text
+    state.lr_scale, state.rollbacks = 0.5, 1
+    assert "(x0.5 now: 1 reward-collapse rollback, each x trainer.collapse.lr_factor)" in report_text(
+        c, summary, [], state, False)

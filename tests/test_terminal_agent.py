@@ -117,17 +117,32 @@ def test_oracle_episode_confirm_twice_prefix_property_and_loss_mask(chat, tmp_pa
 
 def test_complete_must_be_confirmed_and_max_turns_still_verifies(chat, tmp_path):
     tasks = [make_task(tmp_path, "t")]
-    turns = iter([reply([DONE], complete=True), reply([], complete=False), reply([], complete=True)])
+    turns = iter([reply([DONE], complete=True), reply([], complete=False), reply([], complete=False)])
     trajs, _ = run(chat, tasks, lambda text, j: next(turns), max_turns=3)
     t = trajs[0]
-    # complete, then NOT confirmed (continues), then complete again = a first completion (needs a
-    # second confirmation): max_turns ends the episode, and the verifier still runs
+    # complete, then NOT confirmed (continues), then not complete: max_turns ends the episode, and
+    # the verifier still runs
     assert (t.stop_reason, t.num_turns, t.reward, t.info["outcome"]) == ("max_turns", 3, 1.0, "ok")
     ep = t.info["episode"]
     assert "Are you sure" in ep[0]["observation"]
     assert "Are you sure" not in ep[1]["observation"] and ep[1]["observation"].startswith("New Terminal Output:")
-    assert "Are you sure" in ep[2]["observation"]
+    assert "Are you sure" not in ep[2]["observation"]
     assert t.info["trial"]["agent_stop"] == "max_turns"
+    assert "done_if_last_turn" not in t.info
+
+
+@pytest.mark.parametrize("max_turns", [1, 2])
+def test_task_complete_on_the_last_turn_ends_as_completed(chat, tmp_path, max_turns):
+    """Issue 25 §6: a first `task_complete: true` on the last allowed turn (a one-turn episode, or
+    after a turn that did not complete) cannot be confirmed: the episode is complete, stop reason
+    `stop` and agent stop `completed` (main: `max_turns`); the verifier scores it as usual."""
+    tasks = [make_task(tmp_path, "t")]
+    turns = iter([reply([], complete=False)] * (max_turns - 1) + [reply([DONE], complete=True)])
+    trajs, _ = run(chat, tasks, lambda text, j: next(turns), max_turns=max_turns)
+    t = trajs[0]
+    assert (t.stop_reason, t.num_turns, t.reward, t.info["outcome"]) == ("stop", max_turns, 1.0, "ok")
+    assert t.info["trial"]["agent_stop"] == "completed"
+    assert "done_if_last_turn" not in t.info
 
 
 def test_parse_error_is_fed_back_and_runs_nothing(chat, tmp_path):

@@ -116,6 +116,23 @@ def test_kill_9_and_rerun_resumes_with_identical_metrics(tmp_path, uninterrupted
     assert summary["wall_s"] > elapsed.get(resumed_step, 0.0) + elapsed[3], (summary, elapsed)
 
 
+def test_sigterm_says_how_to_resume_and_rerun_resumes_exactly(tmp_path, uninterrupted):
+    """Issue 25 §5: SIGTERM (scancel, a SLURM time limit) during step 3 (after its rollouts, the
+    trainer signals itself: JAXRL_KILL_AT=generate:3:SIGTERM) ends the run like Ctrl-C: one line
+    saying how to resume, exit 143, no traceback, no sidecar left; rerunning the same command gives
+    the metrics of the uninterrupted run. (Main died silently, status -15.)"""
+    wd = str(tmp_path / "run")
+    stopped = _main(wd, *RUN, kill_at="generate:3:SIGTERM")
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        f"interrupted (SIGTERM); rerun the same command to resume {wd} from its last checkpoint")
+    assert "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    resumed = _main(wd, *RUN)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert any("resuming" in line for line in resumed.stderr.splitlines()), resumed.stderr[-2000:]
+    assert _metrics(wd) == uninterrupted
+
+
 # The two rollback tests below run the same recipe (grpo), batch shape and learning rates (0.03,
 # then 0.015 after the rollback): the second one loads both train steps from the compile cache.
 COLLAPSE = [*SHAPE, "--config.data.num_eval_prompts=0", "--config.trainer.optimizer.lr=0.03",

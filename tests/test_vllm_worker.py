@@ -114,3 +114,40 @@ print(json.dumps({{"jax": "jax" in sys.modules, "tensors": Model.n, "version": i
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out == {"jax": False, "tensors": len(torch_model.state_dict()), "version": 1}
+
+
+@pytest.mark.parametrize("tied,rope_scaling", [(False, None), (True, None),
+                                               (False, {"rope_type": "yarn", "factor": 4.0,
+                                                        "original_max_position_embeddings": 8})])
+def test_load_probe_reference_equals_transformers_in_float64(tmp_path, tied, rope_scaling):
+    """weight_probe.reference_logprobs (NumPy float64, read from a published version) against
+    transformers' Qwen3ForCausalLM in float64 on the same float32 weights: tied and untied heads, GQA,
+    and YaRN (short original context, so the probe's positions pass it)."""
+    from jaxrl.rollout import weight_probe
+
+    ckpt = str(tmp_path / "ckpt")
+    extra = {"rope_scaling": rope_scaling, "max_position_embeddings": 32} if rope_scaling else {}
+    model = make_tiny_hf_checkpoint(ckpt, seed=5, tie_word_embeddings=tied, **extra).double()
+    cfg, params = hf_io.load_hf_checkpoint(ckpt)
+    ws.publish(params, str(tmp_path / "sync"), 1, dtype="float32")
+    tokens = weight_probe.probe_tokens(cfg.vocab_size)
+    assert tokens == weight_probe.probe_tokens(cfg.vocab_size) and len(tokens) == weight_probe.PROBE_LEN
+    ref = weight_probe.reference_logprobs(ws.version_path(str(tmp_path / "sync"), 1), cfg, tokens)
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([tokens])).logits[0], -1)
+    want = lp[torch.arange(len(tokens) - 1), torch.tensor(tokens[1:])].numpy()
+    assert ref.dtype == np.float64 and ref.shape == (len(tokens) - 1,)
+    assert np.abs(ref - want).max() < 1e-6  # float32-rounded RoPE frequencies, as transformers has them
+
+
+def test_load_probe_names_a_missing_tensor(tmp_path):
+    from jaxrl.rollout import weight_probe
+
+    ckpt = str(tmp_path / "ckpt")
+    make_tiny_hf_checkpoint(ckpt, seed=5, tie_word_embeddings=True)
+    cfg, params = hf_io.load_hf_checkpoint(ckpt)
+    ws.publish(params, str(tmp_path / "sync"), 1, dtype="float32")
+    untied = hf_io.Qwen3Config.from_hf_dict({**json.load(open(os.path.join(ckpt, "config.json"))),
+                                             "tie_word_embeddings": False})
+    with pytest.raises(KeyError, match="lacks.*lm_head"):
+        weight_probe.reference_logprobs(ws.version_path(str(tmp_path / "sync"), 1), untied, [1, 2, 3])

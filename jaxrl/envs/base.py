@@ -99,6 +99,12 @@ class Task:
     metadata: dict = dataclasses.field(default_factory=dict)
 
 
+# A key of `StepResult.info`: True when the episode continues only to let the model confirm (e.g. the
+# terminal agent's first `task_complete: true`); on the last allowed turn it then ends as "stop", not
+# "max_turns" (there is no turn left to confirm in). It is not kept in the trajectory's info.
+DONE_IF_LAST_TURN = "done_if_last_turn"
+
+
 class StepResult(NamedTuple):
     """What `Env.step` returns; unpacks as `(observations, reward, done, info)`."""
 
@@ -383,15 +389,17 @@ def run_rollouts(
                     c.finish("env_error", error=f"{type(step).__name__}: {step}")
                     continue
                 observations, reward, done, info = step
+                info = dict(info or {})
+                done_if_last = bool(info.pop(DONE_IF_LAST_TURN, False))
                 c.reward += float(reward)
-                c.info.update(info or {})
+                c.info.update(info)
                 if comp.finish_reason == "length" and method != "reprompt_truncated":
                     c.finish("length", truncated_by=_truncated_by(budgets[id(c)], config),
                              truncated_turn="scored" if method == "step_truncated" else "executed")
                 elif done:
                     c.finish("stop")
-                elif turn + 1 >= config.max_turns:
-                    c.finish("max_turns")
+                elif turn + 1 >= config.max_turns:  # the env's "done, unless another turn follows" ends it as done
+                    c.finish("stop" if done_if_last else "max_turns")
                 elif not observations:
                     c.reward = 0.0
                     c.finish("env_error", error="env.step returned done=False with no observation messages")

@@ -8,6 +8,9 @@ A run picks one definition (`generator.logprobs_mode`, recorded in rl_config.jso
   top-k and top-p masking, then log softmax over the kept tokens (renormalised). This is the true
   behaviour policy μ when top-p/top-k are on; the trainer's π_old stays "full", so the importance
   ratio π_old / μ then measures the truncation too (TIS corrects for it).
+* ``"raw"``: log softmax(logits)[token] at temperature 1 over the whole vocabulary, whatever the
+  sampling settings: vLLM's default ``raw_logprobs``, what the seed runs' vLLM returned while their
+  trainer used logits / T (the ratio then measures the temperature too).
 
 The JAX engine delivers either per request. vLLM has one engine-wide ``--logprobs-mode``; from
 its source (``vllm/v1/sample/sampler.py``, ``vllm/v1/sample/ops/topk_topp_sampler.py``, and the
@@ -43,9 +46,18 @@ def vllm_gap(vllm_mode: str, logprobs_mode: str, temperature: float, top_p: floa
     Raises:
       ValueError: an unknown vLLM mode or logprobs mode.
     """
-    if logprobs_mode not in ("full", "sampled"):
-        raise ValueError(f"unknown logprobs mode {logprobs_mode!r}; use 'full' or 'sampled'")
+    if logprobs_mode not in ("full", "sampled", "raw"):
+        raise ValueError(f"unknown logprobs mode {logprobs_mode!r}; use 'full', 'sampled' or 'raw'")
     filt = filters_active(top_p, top_k)
+    if logprobs_mode == "raw":
+        if vllm_mode == "raw_logprobs":
+            return None
+        if vllm_mode == "processed_logprobs":
+            if temperature != 1.0 or filt:
+                return (f"vLLM's processed_logprobs are taken after temperature and top-p/top-k "
+                        f"(temperature={temperature}, top_p={top_p}, top_k={top_k})")
+            return None
+        raise ValueError(f"unknown vLLM logprobs mode {vllm_mode!r}; jaxrl uses one of {list(VLLM_MODES)}")
     if vllm_mode == "processed_logprobs":
         if logprobs_mode == "full" and filt:
             return (f"vLLM's processed_logprobs renormalise over the top-p/top-k kept set (top_p={top_p}, "
@@ -74,7 +86,7 @@ def vllm_mode_for(logprobs_mode: str, temperature: float, top_p: float, top_k: i
         if gap is None:
             return m
         reasons.append(gap)
-    raise ValueError("no vLLM logprobs mode returns 'full' logprobs here: " + "; ".join(reasons))
+    raise ValueError(f"no vLLM logprobs mode returns {logprobs_mode!r} logprobs here: " + "; ".join(reasons))
 
 
 def sidecar_gap(info: Any, logprobs_mode: str, temperature: float, top_p: float, top_k: int,

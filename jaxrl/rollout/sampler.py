@@ -23,7 +23,10 @@ ids, ``max_tokens``. Logprobs (float32), per request (`SamplingParams.logprobs_m
   vocabulary, without top-p/top-k renormalisation, whatever filter sampled the token;
 * ``"sampled"``: the log-probability under the distribution the token was drawn from: after
   temperature, top-k and top-p, renormalised over the kept set (vLLM's ``processed_logprobs``).
-  Without top-p/top-k it equals ``"full"``.
+  Without top-p/top-k it equals ``"full"``;
+* ``"raw"``: ``log_softmax(logits)[token]`` at temperature 1 over the full vocabulary, whatever
+  temperature / top-p / top-k drew the token (vLLM's default ``raw_logprobs``: what the seed runs'
+  vLLM returned).
 
 Randomness: the key of a row is ``fold_in(fold_in(PRNGKey(seed), prompt_index), sample_index)``
 (indices within its request) and the key of step t is ``fold_in(row_key, t)``; the sampled token
@@ -112,7 +115,7 @@ def filter_mask(scaled, top_p, top_k):
 
 
 def select_tokens(logits, step_keys, temperature, top_p, top_k, greedy, logprobs_sampled=None, *,
-                  filtered: bool = True, sampling: bool = True):
+                  filtered: bool = True, sampling: bool = True, logprobs_raw=None):
     """Selects one token per row and returns it with its logprob.
 
     Args:
@@ -123,6 +126,9 @@ def select_tokens(logits, step_keys, temperature, top_p, top_k, greedy, logprobs
         ``"sampled"`` one (renormalised over the top-p/top-k kept set), False for ``"full"``.
       filtered: static; False promises that no row uses top-p or top-k (skips the filter).
       sampling: static; False promises that every row is greedy (skips the random draw).
+      logprobs_raw: ``[B]`` bool or None: True where the row's logprob is the ``"raw"`` one,
+        ``log_softmax(logits)[token]`` at temperature 1 over the full vocabulary (vLLM's default
+        ``raw_logprobs``), whatever temperature and filter sampled the token.
     Returns:
       (tokens ``[B]`` int32, logprobs ``[B]`` float32): greedy rows take the argmax of the logits,
       others ``argmax(where(kept, logits / T, -inf) + Gumbel(key))``; the logprob is
@@ -142,6 +148,9 @@ def select_tokens(logits, step_keys, temperature, top_p, top_k, greedy, logprobs
     logprobs = z_tok - jax.nn.logsumexp(scaled, axis=-1)
     if filtered and logprobs_sampled is not None:
         logprobs = jnp.where(logprobs_sampled, z_tok - jax.nn.logsumexp(masked, axis=-1), logprobs)
+    if logprobs_raw is not None:
+        raw_tok = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
+        logprobs = jnp.where(logprobs_raw, raw_tok - jax.nn.logsumexp(logits, axis=-1), logprobs)
     return tokens, logprobs
 
 
@@ -154,8 +163,8 @@ _NUM_COMPILED: collections.Counter = collections.Counter()
 
 
 def _generate(ep, tokens, token_mask, seeds, prompt_index, sample_index, temperature, top_p, top_k, greedy,
-              logprobs_sampled, stop_ids, max_new, *, cfg: qwen3.Qwen3Config, rows_per_group: int, num_new: int,
-              filtered: bool, sampling: bool):
+              logprobs_sampled, logprobs_raw, stop_ids, max_new, *, cfg: qwen3.Qwen3Config, rows_per_group: int,
+              num_new: int, filtered: bool, sampling: bool, raw: bool = False):
     """Prefill + decode loop.
 
     Shapes: tokens/token_mask ``[G, P]`` (one right-padded prompt per group); per-row ``[B]``
@@ -173,7 +182,8 @@ def _generate(ep, tokens, token_mask, seeds, prompt_index, sample_index, tempera
     logits = jnp.repeat(logits, R, axis=0)
     prompt_len = jnp.repeat(jnp.sum(token_mask, axis=1, dtype=jnp.int32), R)
     select = functools.partial(select_tokens, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
-                               logprobs_sampled=logprobs_sampled, filtered=filtered, sampling=sampling)
+                               logprobs_sampled=logprobs_sampled, filtered=filtered, sampling=sampling,
+                               logprobs_raw=logprobs_raw if raw else None)
 
     def cond(s):
         return (s["step"] < N) & ~jnp.all(s["done"])
@@ -214,7 +224,7 @@ def _generate(ep, tokens, token_mask, seeds, prompt_index, sample_index, tempera
     return s["out_tokens"], s["out_logprobs"], s["lengths"], s["stopped"]
 
 
-_generate_jit = jax.jit(_generate, static_argnames=("cfg", "rows_per_group", "num_new", "filtered", "sampling"))
+_generate_jit = jax.jit(_generate, static_argnames=("cfg", "rows_per_group", "num_new", "filtered", "sampling", "raw"))
 
 
 @dataclasses.dataclass
@@ -411,6 +421,7 @@ class Sampler:
         top_k = np.zeros(B, np.int32)
         greedy = np.ones(B, bool)
         lp_sampled = np.zeros(B, bool)
+        lp_raw = np.zeros(B, bool)
         max_new = np.zeros(B, np.int32)  # pad rows: 0 = done before the first step
         for gi, g in enumerate(groups):
             L = len(g.prompt)
@@ -423,14 +434,17 @@ class Sampler:
                 seeds[b], pidx[b], sidx[b] = g.seed, g.prompt_index, j
                 temp[b], top_p[b], top_k[b], greedy[b] = sp.temperature, sp.top_p, max(sp.top_k, 0), sp.greedy
                 lp_sampled[b] = sp.logprobs_mode == "sampled"
+                lp_raw[b] = sp.logprobs_mode == "raw"
                 max_new[b] = sp.max_tokens
         live = max_new > 0
         filtered = bool(np.any(live & ((top_p < 1.0) | (top_k > 0))))
         sampling = bool(np.any(live & ~greedy))
         with self._lock:
             ep, version = self._ep, self.policy_version
-        out = _generate_jit(ep, tokens, mask, seeds, pidx, sidx, temp, top_p, top_k, greedy, lp_sampled, stop, max_new,
-                            cfg=self.cfg, rows_per_group=R, num_new=N, filtered=filtered, sampling=sampling)
+        raw = bool(np.any(live & lp_raw))
+        out = _generate_jit(ep, tokens, mask, seeds, pidx, sidx, temp, top_p, top_k, greedy, lp_sampled, lp_raw, stop,
+                            max_new, cfg=self.cfg, rows_per_group=R, num_new=N, filtered=filtered, sampling=sampling,
+                            raw=raw)
         toks, lps, lengths, stopped = jax.device_get(out)
         comps = []
         for gi, g in enumerate(groups):

@@ -73,6 +73,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="the --logprobs-mode vLLM was started with (reported by /health, checked per request)")
     v.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="the --gpu-memory-utilization vLLM was started with (reported by /health)")
+    v.add_argument("--model-dir", default=None,
+                   help="the HF checkpoint vLLM serves: its config.json gives the load probe the architecture")
+    v.add_argument("--served-dtype", default=None, choices=["float32", "bfloat16"],
+                   help="vLLM's --dtype: versions published in another dtype are refused; sets the probe tolerance")
     v.add_argument("--upstream-start-timeout", type=float, default=1800.0,
                    help="seconds to wait for vLLM to come up before giving up")
     lim = p.add_argument_group("request limits (a request over a limit gets a 4xx naming it)")
@@ -108,12 +112,19 @@ def build_backend(args):
             raise SystemExit("--backend vllm needs --upstream (the loopback URL or unix socket of vLLM)")
         if args.vllm_logprobs_mode is None:
             raise SystemExit("--backend vllm needs --vllm-logprobs-mode (the --logprobs-mode vLLM was started with)")
+        if not args.model_dir or not args.served_dtype:
+            raise SystemExit("--backend vllm needs --model-dir and --served-dtype (every weight load is verified by a "
+                             "probe computed from them); launch/vllm_sidecar.sh passes both")
         from jaxrl.rollout.vllm_backend import VllmBackend
 
-        return VllmBackend(args.upstream, api_key=_read_token(args.token_file),
-                           vllm_logprobs_mode=args.vllm_logprobs_mode,
-                           gpu_memory_utilization=args.gpu_memory_utilization,
-                           model=args.upstream_model or args.model_name, start_timeout_s=args.upstream_start_timeout)
+        try:
+            return VllmBackend(args.upstream, api_key=_read_token(args.token_file),
+                               vllm_logprobs_mode=args.vllm_logprobs_mode,
+                               gpu_memory_utilization=args.gpu_memory_utilization,
+                               model=args.upstream_model or args.model_name, start_timeout_s=args.upstream_start_timeout,
+                               model_dir=args.model_dir, dtype=args.served_dtype)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
     if not args.checkpoint:
         raise SystemExit("--backend jax needs --checkpoint (an HF checkpoint directory)")
     from jaxrl.fileio import HF_CHECKPOINT_HINT, hf_checkpoint_problem

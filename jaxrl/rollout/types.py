@@ -33,7 +33,7 @@ def _is_real(x) -> bool:
 
 
 # Values of `SamplingParams.logprobs_mode`.
-LOGPROBS_MODES = ("full", "sampled")
+LOGPROBS_MODES = ("full", "sampled", "raw")
 
 
 @dataclasses.dataclass(frozen=True)

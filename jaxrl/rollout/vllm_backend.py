@@ -18,6 +18,11 @@ Weight loads (the app holds every completion back while one runs):
   4. ``POST /reset_prefix_cache`` (no KV computed with old weights is reused).
   5. ``POST /update_weight_version`` and ``GET /weight_info`` where vLLM has them (vLLM's own
      record of the version, checked), then ``POST /resume`` if paused.
+  6. The probe (weight_probe.py; when the front knows the model, ``--model-dir``): vLLM's prompt
+     logprobs of fixed tokens must equal those of the published version, computed here in float64
+     from the version's own files (concurrently with steps 1-5), within the served dtype's
+     tolerance. This is what shows that every parameter vLLM computes with is the new version's
+     (on a CPU vLLM the repacked weights cannot be read back).
   If any step fails, the served version becomes unknown and completions are refused (503) until
   a load succeeds: never a mix of old and new weights.
 All of them need ``VLLM_SERVER_DEV_MODE=1`` in vLLM's environment (launch/vllm_sidecar.sh).
@@ -30,7 +35,7 @@ import logging
 import time
 from typing import Any, Optional
 
-from jaxrl.rollout import logprob_modes, wire
+from jaxrl.rollout import logprob_modes, weight_probe, weight_sync, wire
 from jaxrl.rollout.server import BackendFailed, BackendUnavailable, LoadFailed
 from jaxrl.rollout.types import Completion
 
@@ -55,6 +60,14 @@ class VllmBackend:
       model: vLLM's ``--served-model-name``.
       timeout_s: read timeout of one upstream call; a weight load may take `load_timeout_s`.
       start_timeout_s: how long `start` waits for vLLM's /health.
+      model_dir: the HF checkpoint vLLM serves (its config.json gives the architecture the probe
+        needs); None = no probe (only for tests against a stand-in without prompt logprobs).
+      dtype: vLLM's ``--dtype`` ("float32" | "bfloat16"); a version published in another dtype is
+        refused, and it sets the probe's tolerance (required with `model_dir`).
+
+    Raises:
+      ValueError: bad `vllm_logprobs_mode`, `upstream` or `dtype`; `model_dir` without a readable
+        Qwen3 config.json.
     """
 
     kind = "vllm"
@@ -62,7 +75,8 @@ class VllmBackend:
 
     def __init__(self, upstream: str, *, api_key: Optional[str], vllm_logprobs_mode: str,
                  gpu_memory_utilization: Optional[float] = None, model: str = "policy", timeout_s: float = 3600.0,
-                 load_timeout_s: float = 3600.0, start_timeout_s: float = 1800.0):
+                 load_timeout_s: float = 3600.0, start_timeout_s: float = 1800.0, model_dir: Optional[str] = None,
+                 dtype: Optional[str] = None):
         import httpx
 
         if vllm_logprobs_mode not in logprob_modes.VLLM_MODES:
@@ -74,6 +88,13 @@ class VllmBackend:
         self.load_timeout_s = load_timeout_s
         self.start_timeout_s = start_timeout_s
         self.policy_version: Optional[int] = 0  # vLLM starts from the checkpoint it was given
+        self.dtype = dtype
+        self.probe_cfg = None
+        if model_dir is not None:
+            if dtype not in weight_probe.TOLERANCE:
+                raise ValueError(f"dtype must be one of {sorted(weight_probe.TOLERANCE)} with a model_dir, got {dtype!r}")
+            self.probe_cfg = _read_model_config(model_dir)
+            self.probe_tokens = weight_probe.probe_tokens(self.probe_cfg.vocab_size)
         self.last_load: dict = {}
         if upstream.startswith("unix:"):
             transport = httpx.AsyncHTTPTransport(uds=upstream[len("unix:"):])
@@ -191,7 +212,12 @@ class VllmBackend:
     async def load(self, path: str, version: int) -> dict:
         t0 = time.perf_counter()
         self.policy_version = None  # unknown until every check below passed
+        reference = None
         try:
+            self._check_published_dtype(path, version)
+            if self.probe_cfg is not None:  # computed while vLLM loads
+                reference = asyncio.ensure_future(asyncio.to_thread(
+                    weight_probe.reference_logprobs, path, self.probe_cfg, self.probe_tokens))
             paused = await self._optional("POST", "/pause", params={"mode": "wait"}, what="pausing generation")
             loaded = await self._rpc(LOAD_METHOD, [path, str(version)], "loading the weights on its workers")
             for i, res in enumerate(loaded):
@@ -219,14 +245,54 @@ class VllmBackend:
                                      f"policy version {version}")
             if paused is not None:
                 await self._call("POST", "/resume", what="resuming generation")
+            probe = await self._probe(version, reference) if reference is not None else None
         except (LoadFailed, BackendUnavailable, BackendFailed) as e:
+            if reference is not None and not reference.done():
+                reference.cancel()
             self.last_load = {"version": version, "path": path, "error": str(e)}
             raise LoadFailed(f"loading policy version {version} from {path} into vLLM failed: {e}") from e
         self.policy_version = version
         self.last_load = {"version": version, "path": path, "workers": len(loaded),
-                          "seconds": time.perf_counter() - t0}
+                          "seconds": time.perf_counter() - t0, "probe_max_abs_diff": probe}
         return {"seconds": self.last_load["seconds"], "workers": len(loaded),
                 "bytes": int(sum(r.get("bytes", 0) for r in loaded if isinstance(r, dict)) // len(loaded))}
+
+    def _check_published_dtype(self, path: str, version: int) -> None:
+        if self.dtype is None:
+            return
+        try:
+            meta = weight_sync.read_meta(path)
+        except (OSError, ValueError) as e:
+            raise LoadFailed(f"cannot read the metadata of policy version {version} ({e})") from e
+        if meta.get("dtype") != self.dtype:
+            raise LoadFailed(f"policy version {version} was published in {meta.get('dtype')} but this vLLM computes in "
+                             f"{self.dtype}. Fix: start the sidecar with --dtype {meta.get('dtype')} (the run's "
+                             "model.compute_dtype)")
+
+    async def _probe(self, version: int, reference) -> float:
+        """vLLM's prompt logprobs of the probe tokens against the published version's (weight_probe.py);
+        returns the largest difference. Raises LoadFailed when it exceeds the dtype's tolerance."""
+        try:
+            want = await reference
+        except (KeyError, ValueError, OSError) as e:
+            raise LoadFailed(f"the published policy version {version} cannot be read back for the load probe: {e}") from e
+        body = {"model": self.model, "prompt": self.probe_tokens, "max_tokens": 1, "temperature": 1.0,
+                "prompt_logprobs": 0, "seed": 0, "stream": False}
+        out = await self._call("POST", "/v1/completions", json=body, timeout=self.load_timeout_s,
+                               what="the load probe (prompt logprobs of fixed tokens)")
+        try:
+            got = _prompt_logprobs(out, self.probe_tokens)
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise LoadFailed(f"vLLM's answer to the load probe has no readable prompt logprobs ({e})") from e
+        diff = float(max(abs(a - b) for a, b in zip(got, want)))
+        tol = weight_probe.tolerance(self.dtype)
+        if not diff <= tol:
+            raise LoadFailed(f"after loading policy version {version}, vLLM's logprobs of the probe tokens differ from "
+                             f"that version's by up to {diff:.3g} nats (tolerance {tol:g} at {self.dtype}): some "
+                             "parameters vLLM computes with are not the new version's; the sidecar refuses "
+                             "completions until a load passes")
+        log.info("policy version %d: load probe max |diff| %.3g", version, diff)
+        return diff
 
     async def _optional(self, method: str, path: str, **kw) -> Any:
         """`_call` for a route older vLLMs lack: None when absent; {} for an empty 200 answer."""
@@ -238,6 +304,36 @@ class VllmBackend:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+def _read_model_config(model_dir: str):
+    import json
+    import os
+
+    from jaxrl.models import hf_io
+
+    path = os.path.join(model_dir, "config.json")
+    try:
+        with open(path) as f:
+            return hf_io.Qwen3Config.from_hf_dict(json.load(f))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--model-dir: cannot read a Qwen3 config from {path} ({e})") from e
+
+
+def _prompt_logprobs(out: dict, tokens: list[int]) -> list[float]:
+    """vLLM's ``prompt_logprobs`` (one dict per prompt position, None first) -> the logprob of each
+    prompt token after the first. -9999.0 is vLLM's -inf."""
+    entries = out["choices"][0]["prompt_logprobs"]
+    if len(entries) != len(tokens):
+        raise ValueError(f"{len(entries)} prompt positions for {len(tokens)} tokens")
+    res = []
+    for t, e in zip(tokens[1:], entries[1:]):
+        item = e.get(str(t)) or e.get(f"token_id:{t}")
+        if item is None:
+            raise KeyError(f"token {t} missing from {sorted(e)[:4]}")
+        lp = float(item["logprob"] if isinstance(item, dict) else item)
+        res.append(float("-inf") if lp <= -9999.0 else lp)
+    return res
 
 
 def _upstream_message(r) -> str:

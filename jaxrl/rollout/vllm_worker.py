@@ -78,6 +78,42 @@ def to_torch(arr: np.ndarray):
     return torch.from_numpy(np.ascontiguousarray(arr))
 
 
+def load_into_live_model(runner, weights, tied: bool) -> str:
+    """Loads HF-named checkpoint tensors into the model a started vLLM computes with.
+
+    Which vLLM API, and why:
+      * ``model_runner.reload_weights(weights_iterator=...)`` where the runner has it (vLLM's in-place
+        reload, in 0.32 on CPU and CUDA builds): it gives every layer its checkpoint-format parameters
+        back, loads them, and re-runs that layer's ``process_weights_after_loading``. Plain
+        ``model.load_weights`` cannot be used on a started engine where that processing replaced the
+        parameters (vLLM's CPU build repacks every linear weight with oneDNN and drops
+        ``weight_loader``: it fails with ``'Parameter' object has no attribute 'weight_loader'``).
+      * For tied embeddings the reload skips the ``lm_head`` (no checkpoint tensor names it; vLLM logs
+        "ParallelLMHead: Failed to load weights" and puts the old kernel tensors back): the head is tied
+        to the new embedding again and its post-load processing re-run (on CPU: the packed copy the
+        logits are computed with). Without this the logits are "new body, old head".
+      * Older vLLMs without ``reload_weights``: ``model.load_weights`` (their CUDA builds keep the
+        loaders; a tied head shares the embedding's tensor).
+    Every load is then verified by the front's probe (weight_probe.py); this function only loads.
+
+    Args:
+      runner: the worker's ``model_runner``. weights: iterable of (HF name, CPU torch tensor).
+      tied: the config ties ``lm_head`` to ``model.embed_tokens``.
+    Returns: "reload_weights" or "load_weights" (the path taken).
+    """
+    model = runner.model  # vLLM: the worker's nn.Module
+    if not hasattr(runner, "reload_weights"):
+        model.load_weights(weights=weights)  # vLLM: routes names, shards for TP, copies to the device
+        return "load_weights"
+    runner.reload_weights(weights_iterator=weights)  # vLLM: in-place reload (>= 0.2x)
+    if tied:
+        head, embed = model.lm_head, model.model.embed_tokens  # vLLM: Qwen3ForCausalLM's modules
+        head = head.tie_weights(embed)  # vLLM: ParallelLMHead.tie_weights (the head's quant method ties)
+        model.lm_head = head
+        head.quant_method.process_weights_after_loading(head)  # vLLM: rebuilds the CPU head's packed GEMM
+    return "reload_weights"
+
+
 class OrbaxWeightLoader:
     """Mixin for vLLM GPU workers (``--worker-extension-cls``); see the module docstring."""
 
@@ -116,11 +152,11 @@ class OrbaxWeightLoader:
                 nbytes += arr.nbytes
                 yield name, to_torch(arr)
 
-        runner.model.load_weights(weights=weights())  # vLLM: routes names, shards for TP, copies to GPU
+        how = load_into_live_model(runner, weights(), cfg.tie_word_embeddings)
         self.jaxrl_policy_version = v
         seconds = time.perf_counter() - t0
-        log.info("loaded policy version %d (%d tensors, %.1f MB) in %.2f s", v, count, nbytes / 1e6, seconds)
-        return {"policy_version": v, "tensors": count, "bytes": nbytes, "seconds": seconds}
+        log.info("loaded policy version %d (%d tensors, %.1f MB, %s) in %.2f s", v, count, nbytes / 1e6, how, seconds)
+        return {"policy_version": v, "tensors": count, "bytes": nbytes, "seconds": seconds, "method": how}
 
     def jaxrl_version(self) -> int:
         """The policy version this worker serves (0 until the first load)."""

@@ -233,6 +233,10 @@ def publish(params: Any, sync_dir: str, version: int, keep: int = 2, dtype: Opti
     names = [".".join(_key_str(k) for k in path) for path, _ in leaves_with_path]
     nbytes = int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize for _, x in leaves_with_path))
     try:
+        if primary:  # a version that cannot fit fails here, before Orbax starts (fileio.require_free_space)
+            from jaxrl.fileio import require_free_space
+
+            require_free_space(tmp, nbytes, f"policy version {version}")
         ocp.PyTreeCheckpointer().save(os.path.join(tmp, PARAMS_ITEM), tree)
         _sync_processes(f"jaxrl_publish_saved_{version}")
         if primary:
@@ -321,6 +325,16 @@ def _read_metadata(item_dir: str) -> tuple[list[tuple[str, tuple]], bool]:
         keys = tuple(k["key"] if k.get("key_type") != 1 else int(k["key"]) for k in info["key_metadata"])
         entries.append((".".join(str(k) for k in keys), keys))
     return entries, bool(meta.get("use_zarr3", False))
+
+
+def read_meta(version_dir: str) -> dict:
+    """The commit record (``sync.json``: version, names, bytes, dtype, ...) of a committed version.
+
+    Raises:
+      OSError: no readable record (not a committed version). ValueError: the record is not JSON.
+    """
+    with open(os.path.join(version_dir, SYNC_FILE)) as f:
+        return json.load(f)
 
 
 def array_names(version_dir: str) -> list[tuple[str, tuple]]:

@@ -29,12 +29,16 @@ def bucket_length(n: int, buckets) -> int:
 
 
 def is_excluded(t: Trajectory) -> bool:
-    """True when trajectory `t` must not be trained on (`EXCLUDED_STOP_REASONS`)."""
-    return t.stop_reason in EXCLUDED_STOP_REASONS
+    """True when trajectory `t` must not be trained on: `EXCLUDED_STOP_REASONS`, or a Harbor trial
+    whose error class the run's error policy masks (`info["error_treatment"] == "mask"`,
+    jaxrl/train/error_policy.py)."""
+    return t.stop_reason in EXCLUDED_STOP_REASONS or t.info.get("error_treatment") == "mask"
 
 
 def excluded_detail(t: Trajectory) -> str:
     """What went wrong in an excluded trajectory (its `info`), in one short line."""
+    if t.info.get("error_treatment") == "mask" and t.stop_reason not in EXCLUDED_STOP_REASONS:
+        return f"masked by harbor.error_policy: {t.info.get('error_class')}"
     for key in ("error", "invalid_output", "reason"):
         if t.info.get(key):
             return " ".join(str(t.info[key]).split())[:200]

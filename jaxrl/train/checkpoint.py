@@ -77,6 +77,11 @@ class CheckpointStore:
         if set(extras) != set(self.extra_items):
             raise ValueError(f"CheckpointStore.save: extras {sorted(extras)} do not match extra_items "
                              f"{sorted(self.extra_items)}")
+        if jax.process_index() == 0:  # a checkpoint that cannot fit fails before Orbax starts writing
+            from jaxrl.fileio import require_free_space, tree_nbytes
+
+            size = tree_nbytes(params) + tree_nbytes(opt_state) + sum(tree_nbytes(t) for t in extras.values())
+            require_free_space(self.directory, size, f"checkpoint of step {step}")
         self.manager.save(
             step,
             args=ocp.args.Composite(

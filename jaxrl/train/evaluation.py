@@ -42,20 +42,36 @@ def eval_sampling(c) -> SamplingParams:
 
 
 def score(trajs: Sequence[Trajectory], success_threshold: float) -> dict[str, float]:
-    """`eval/success_rate` (share of rewards >= threshold) and `eval/avg_reward` of `trajs` (one per prompt)."""
-    rewards = np.array([t.reward for t in trajs], np.float64)
-    return {"eval/success_rate": float(np.mean(rewards >= success_threshold)),
-            "eval/avg_reward": float(rewards.mean())}
+    """The held-out metrics of `trajs` (one per episode: `generator.eval_sampling_params.n_samples`
+    episodes per prompt at a temperature, one when greedy).
+
+    `eval/success_rate` p (share of rewards >= threshold), its binomial standard error
+    `eval/success_rate_stderr` = sqrt(p(1 − p)/n) over the n scored episodes (samples of one task
+    counted as independent: the spread to expect from another draw of as many prompts, or of the
+    samples at a temperature > 0), `eval/avg_reward`, and `eval/num_excluded`: trajectories that
+    failed for infrastructure reasons (env_error, invalid_output) are not scored (they say nothing
+    about the policy), as in training."""
+    from jaxrl.train.batching import is_excluded
+
+    kept = [t for t in trajs if not is_excluded(t)]
+    rewards = np.array([t.reward for t in kept], np.float64)
+    n = len(rewards)
+    p = float(np.mean(rewards >= success_threshold)) if n else 0.0
+    return {"eval/success_rate": p, "eval/success_rate_stderr": float(np.sqrt(p * (1 - p) / n)) if n else 0.0,
+            "eval/avg_reward": float(rewards.mean()) if n else 0.0, "eval/num_excluded": len(trajs) - n}
 
 
 def evaluate(c, tasks, generate: Callable[[Any, SamplingParams, int], list[Trajectory]]):
-    """Rolls out `tasks` once each with `generate(tasks, sampling, n)` and scores them.
+    """Rolls out `tasks` `generator.eval_sampling_params.n_samples` times each (1 when greedy) with
+    `generate(tasks, sampling, n)` and scores every episode.
 
     Returns (metrics dict of `score`, the trajectories); ({}, []) for no tasks.
     """
     if not tasks:
         return {}, []
-    trajs = generate(tasks, eval_sampling(c), 1)
+    es = c.generator.eval_sampling_params
+    n = 1 if es.greedy else int(es.get("n_samples", 1))
+    trajs = generate(tasks, eval_sampling(c), n)
     return score(trajs, c.trainer.success_threshold), trajs
 
 
@@ -83,5 +99,7 @@ def describe(c, source) -> str:
     n = len(source.eval_batch())
     es = c.generator.eval_sampling_params
     decoding = "greedy" if es.greedy else f"temperature {es.temperature:g}"
+    if not es.greedy and int(es.get("n_samples", 1)) > 1:
+        decoding += f", {int(es.n_samples)} episodes per prompt"
     return (f"{n} prompt{'s' if n != 1 else ''} of {source.heldout_kind}, {decoding}, success = reward >= "
             f"{c.trainer.success_threshold:g}")

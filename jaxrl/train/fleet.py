@@ -241,6 +241,18 @@ class Fleet:
         `chat`: the `ChatTemplate` to use (default the fleet's; threads that generate concurrently
         each pass their own, a tokenizer is not thread-safe)."""
         chat = chat or self.chat
-        return self.with_restart(
-            "generation", lambda: run_rollouts(self.client, chat, tasks, sampling,
-                                               self.rollout_cfg(n, len(tasks)), make_env=self.make_env))
+        if self.make_env is None:
+            return self.with_restart(
+                "generation", lambda: run_rollouts(self.client, chat, tasks, sampling,
+                                                   self.rollout_cfg(n, len(tasks)), make_env=self.make_env))
+        from jaxrl.train import error_policy
+
+        def play(ts, k, attempt):  # a retry samples with another seed (the same one would replay the same tokens)
+            sp = sampling if attempt == 0 or sampling.seed is None else dataclasses.replace(
+                sampling, seed=(sampling.seed + 7919 * attempt) % 2**31)
+            return self.with_restart("generation", lambda: run_rollouts(self.client, chat, ts, sp,
+                                                                        self.rollout_cfg(k, len(ts)),
+                                                                        make_env=self.make_env))
+
+        # Harbor trials: the error policy's retries and treatments (jaxrl/train/error_policy.py)
+        return error_policy.with_retries(self.harbor.error_policy, play, list(tasks), n)

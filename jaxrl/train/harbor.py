@@ -62,6 +62,13 @@ class HarborTasks:
         self.excluded: list[tuple[str, str]] = []
 
     @property
+    def error_policy(self):
+        """The run's `ErrorPolicy` (`harbor.error_policy.*`)."""
+        from jaxrl.train.error_policy import ErrorPolicy
+
+        return ErrorPolicy.from_config(self.c.harbor.error_policy)
+
+    @property
     def style(self):
         return prompt_style(self.c.harbor.prompt_style, str(self.c.harbor.harbor_wheel))
 
@@ -119,7 +126,8 @@ class HarborTasks:
         trial = TrialConfig(agent_timeout_sec=h.agent_timeout_sec or None,
                             verifier_timeout_sec=h.verifier_timeout_sec or None,
                             command_timeout_sec=float(h.command_timeout_sec),
-                            keep="logs" if h.keep_trial_logs else "none")
+                            keep="logs" if h.keep_trial_logs else "none",
+                            stop_agent_processes=bool(h.stop_agent_processes))
         trials_dir = os.path.join(workdir, "trials")  # created by the first trial
         return TerminusEnvFactory(AgentConfig(prompt_style=h.prompt_style, harbor_wheel=str(h.harbor_wheel),
                                               strict_json_parser=bool(h.strict_json_parser),
@@ -177,6 +185,9 @@ def trial_fields(info: dict) -> dict[str, Any]:
     row = dict(info.get("trial") or {})
     out: dict[str, Any] = {f"trial_{k}" if k in ("reward", "error") else k: v for k, v in row.items()}
     out["outcome"] = info.get("outcome", row.get("outcome", ""))
+    for k in ("error_class", "error_treatment", "attempts"):
+        if k in info:
+            out[k] = info[k]
     for k in ("episode", "instruction"):
         if k in info:
             out[k] = info[k]
@@ -194,6 +205,9 @@ def outcome_metrics(trajs) -> dict[str, float]:
     m["env/avg_num_turns"] = turns / max(len(trajs), 1)
     m["env/parse_error_rate"] = sum(int((t.info.get("trial") or {}).get("n_parse_errors", 0)) for t in trajs) \
         / max(turns, 1)
+    from jaxrl.train.error_policy import policy_metrics
+
+    m.update(policy_metrics(trajs))
     return m
 
 

@@ -40,7 +40,10 @@ def report_text(c, summary, rows, state: TrainerState, collapsed: bool) -> str:
         f"- advantage estimator `{a.advantage_estimator}`, policy loss `{a.policy_loss_type}` "
         f"(eps_clip_low {a.eps_clip_low}, eps_clip_high {a.eps_clip_high}), reduction `{a.loss_reduction}`",
         f"- kl_loss_coef {a.kl_loss_coef}, TIS `{a.off_policy_correction.tis_ratio_type or 'off'}`, "
-        f"lr {c.trainer.optimizer.lr} (scale now {state.lr_scale:g}), grad clip {c.trainer.optimizer.max_grad_norm}",
+        f"lr {c.trainer.optimizer.lr} " + (f"(x{state.lr_scale:g} now: {state.rollbacks} reward-collapse rollback"
+                                           f"{'s' if state.rollbacks != 1 else ''}, each x trainer.collapse.lr_factor)"
+                                           if state.lr_scale != 1 else "(never lowered: no reward-collapse rollback)")
+        + f", grad clip {c.trainer.optimizer.max_grad_norm}",
         f"- {c.trainer.train_batch_size} prompts x {c.generator.n_samples_per_prompt} samples per step, "
         f"mini-batch {c.trainer.mini_batch_size} prompts, micro-batch {c.trainer.micro_batch_size} sequences",
         f"- policy `{c.model.path or 'embedded default'}`, task `{c.data.task}`", "",
@@ -70,9 +73,11 @@ def eval_line(c, summary) -> str:
         return ("- held-out success: not evaluated (no held-out set: set data.eval_dataset_path, "
                 "data.eval_fraction > 0 or data.eval_task)")
     best = summary.get("best_step", -1)
-    return (f"- held-out success ({summary['heldout']}): start {_pct(summary.get('initial_eval'))} -> "
-            f"best-EMA checkpoint{f' (step {best})' if best >= 1 else ''} {_pct(summary.get('best_eval'))}; "
-            f"final step ({summary.get('last_step')}) {_pct(summary.get('final_eval'))}")
+    n = summary.get("eval_n")
+    return (f"- held-out success ({summary['heldout']}): start {_pct(summary.get('initial_eval'), n)} -> "
+            f"best-EMA checkpoint{f' (step {best})' if best >= 1 else ''} {_pct(summary.get('best_eval'), n)}; "
+            f"final step ({summary.get('last_step')}) {_pct(summary.get('final_eval'), n)} (± one binomial "
+            "standard error: the spread to expect from another draw of as many prompts or samples)")
 
 
 def wall_time_text(summary: dict) -> str:
@@ -83,8 +88,13 @@ def wall_time_text(summary: dict) -> str:
     return text if n <= 1 else f"{text} over {n} launches (resumed {n - 1} time{'s' if n > 2 else ''})"
 
 
-def _pct(x) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
+def _pct(x, n=None) -> str:
+    """`36.0%`, or with n scored prompts `36.0% ± 3.4%` (binomial standard error sqrt(p(1 − p)/n))."""
+    if x is None:
+        return "n/a"
+    if not n:
+        return f"{100 * x:.1f}%"
+    return f"{100 * x:.1f}% ± {100 * (x * (1 - x) / n) ** 0.5:.1f}%"
 
 
 def summary_text(summary: dict, workdir: str) -> str:
@@ -96,8 +106,9 @@ def summary_text(summary: dict, workdir: str) -> str:
              f"reward EMA: {best if best >= 1 else 'none'}"
              + (f" (EMA {summary['best_ema']:.3f})" if best >= 1 and summary.get("best_ema") is not None else "")]
     if summary.get("heldout"):
-        lines.append(f"  held-out success: start {_pct(summary.get('initial_eval'))}, best-EMA "
-                     f"{_pct(summary.get('best_eval'))}, final step {_pct(summary.get('final_eval'))}  "
+        n = summary.get("eval_n")
+        lines.append(f"  held-out success: start {_pct(summary.get('initial_eval'), n)}, best-EMA "
+                     f"{_pct(summary.get('best_eval'), n)}, final step {_pct(summary.get('final_eval'), n)}  "
                      f"({summary['heldout']})")
     else:
         lines.append("  held-out success: not evaluated (see report.md)")

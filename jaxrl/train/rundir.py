@@ -8,6 +8,8 @@ import dataclasses
 import json
 import math
 import os
+import re
+import shutil
 import sys
 import time
 from typing import Callable, Optional
@@ -28,12 +30,43 @@ KILL_ENV = "JAXRL_KILL_AT"
 
 
 def maybe_kill(point: str, step: int) -> None:
-    """SIGKILLs this process when `JAXRL_KILL_AT` is "<point>:<step>" (fault injection)."""
+    """Signals this process when `JAXRL_KILL_AT` is "<point>:<step>" (fault injection): SIGKILL,
+    or the named signal with "<point>:<step>:<SIGNAME>" (e.g. "generate:3:SIGTERM", what a
+    scheduler's time limit sends)."""
     spec = os.environ.get(KILL_ENV, "")
-    if spec and spec == f"{point}:{step}":
+    if not spec:
+        return
+    parts = spec.split(":")
+    if len(parts) >= 2 and parts[0] == point and parts[1] == str(step):
         import signal
 
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), getattr(signal, parts[2]) if len(parts) > 2 else signal.SIGKILL)
+
+
+# Folders and files a writer creates before it commits by a rename (weight_sync: sync/.tmp-<v>;
+# Orbax: <step>.orbax-checkpoint-tmp-<n>; the HF export: best.tmp; fileio: .tmp_<name>.<pid>.<hex>).
+PARTIAL_WRITE = re.compile(r"^(\.tmp-\d+|.*\.orbax-checkpoint-tmp.*|best\.tmp|\.tmp_.+)$")
+
+
+def remove_partial_writes(workdir: str) -> list[str]:
+    """Deletes every uncommitted write under `workdir` (`PARTIAL_WRITE`) and returns their paths.
+    Committed checkpoints, versions and files are never touched (they have no such name). Call it
+    on process 0 when a run stops on an error it cannot continue from (a full disk)."""
+    removed = []
+    for root, dirs, files in os.walk(workdir):
+        for name in list(dirs) + files:
+            if PARTIAL_WRITE.match(name):
+                path = os.path.join(root, name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                    dirs.remove(name)
+                else:
+                    try:
+                        os.remove(path)
+                    except OSError:
+                        continue
+                removed.append(path)
+    return removed
 
 
 class RunDirError(RuntimeError):
@@ -274,11 +307,12 @@ def check_resume_config(c, workdir: str, write: bool) -> None:
         old = read_json_object(path, "resolved config of the run in this workdir",
                                "restore the file, delete it to resume under the config of this command, "
                                "or use a new --workdir")
+        old.pop("_derived", None)  # notes derived from the config (below), not config keys
         message = resume_mismatch_message(workdir, _flatten(old), _flatten(new))
         if message:
             raise config_lib.ConfigError(message)
     if write:
-        config_lib.write_json_atomic(path, new)
+        config_lib.write_json_atomic(path, {**new, "_derived": {"logprobs": config_lib.logprob_definitions(c)}})
 
 
 @dataclasses.dataclass

@@ -136,6 +136,8 @@ class Trainer:
         except OSError as e:  # what output_dir_problem cannot foresee (a read-only filesystem, root on /proc)
             self._check_workdir(f"{self.workdir} cannot be created ({e.strerror})")
         self._lock_workdir()
+        if self.is_main:  # a disk too small for the run's first writes fails now, in seconds
+            self._check_disk_space(c)
         check_resume_config(c, self.workdir, write=self.is_main)
         sync("config")
         self.ckpt = Checkpoints(c, self.workdir, self.learner, self.mesh, self.model_dir, self.model_cfg,
@@ -151,6 +153,23 @@ class Trainer:
         self.ema = RewardEMA(span=c.trainer.ema_span)
         self.is_async = c.trainer.async_rl.mode != "sync"
         self.rollouts = None  # SyncRollouts / AsyncRollouts (process 0), made in run()
+
+    def _check_disk_space(self, c) -> None:
+        """OSError(ENOSPC) naming the workdir when its filesystem cannot hold one checkpoint
+        (params + optimizer state) and one published version (params in the compute dtype): the
+        first writes of every run. The sync folder is rewritten at the start, so its space counts
+        as free. (Later writes check again: `weight_sync.publish`, `CheckpointStore.save`.)"""
+        from jaxrl.fileio import require_free_space
+
+        params = qwen3.abstract_params(self.model_cfg)
+        itemsize = 2 if c.model.compute_dtype == "bfloat16" else 4
+        n_params = sum(int(np.prod(x.shape, dtype=np.int64)) for x in jax.tree.leaves(params))
+        # float32 master params + AdamW's two float32 moments, and the version in the compute dtype
+        need = 12 * n_params + n_params * itemsize
+        sync_dir = os.path.join(self.workdir, "sync")
+        held = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(sync_dir) for f in fs
+                   if os.path.isfile(os.path.join(r, f)))
+        require_free_space(self.workdir, max(need - held, 0), "run's first checkpoint and policy version")
 
     def _lock_workdir(self, only_existing: bool = False) -> None:
         """Process 0 locks the workdir against a second run (`rundir.WorkdirLock`, kept in
@@ -303,6 +322,7 @@ class Trainer:
             os.makedirs(self.fleet.sync_dir, exist_ok=True)
         sync("sync_dir")
         stopped_by_collapse = False
+        bar = None
         try:
             if self.is_main:
                 self.fleet.start()
@@ -364,6 +384,8 @@ class Trainer:
                 self.rollouts = None
             summary = self._finish(logger, step, clock, stopped_by_collapse)
         finally:
+            if bar is not None:  # an interrupted run's bar is closed before the resume hint is printed
+                bar.close()
             if self.rollouts is not None:
                 self.rollouts.stop()
             logger.close()
@@ -456,7 +478,8 @@ class Trainer:
         best = self.state.best_ckpt_step
         summary: dict[str, Any] = {"last_step": last_step, "best_step": best, "best_ema": self.state.best_ckpt_ema,
                                    "initial_eval": self.state.initial_eval,
-                                   "heldout": evaluation.describe(c, self.prompts)}
+                                   "heldout": evaluation.describe(c, self.prompts),
+                                   "eval_n": len(self.prompts.eval_batch()) if c.data.num_eval_prompts else 0}
         # The final step's policy: evaluated at that step, else (a collapse stop, or a resumed run
         # whose last step was checkpointed before its end) now, on the served weights of that step.
         if getattr(self, "_eval_step", None) == last_step:

@@ -18,7 +18,8 @@ The policy plays Terminus-2 (Harbor's reference agent, the one the seed runs tra
   warnings.
 * `task_complete: true` must come twice in a row: the first time the commands of that turn run and
   the model is asked to confirm (`PromptStyle.confirm`); a second `true` ends the episode, anything
-  else continues it.
+  else continues it. On the last allowed turn (`max_turns`) there is no turn left to confirm in: a
+  first `true` there ends the episode as completed (stop reason `stop`, not `max_turns`).
 * Observations are `user` turns (the seed runs' Harbor; Harbor later switched to `tool`).
 
 Episode end and scoring (`TerminusEnv.finish`, called by `run_rollouts` once per trajectory):
@@ -62,7 +63,7 @@ import re
 import threading
 from typing import Any, Optional, Sequence
 
-from jaxrl.envs.base import StepResult, Task
+from jaxrl.envs.base import DONE_IF_LAST_TURN, StepResult, Task
 from jaxrl.envs.harbor.errors import AgentTimeoutError, SandboxError
 from jaxrl.envs.harbor.parser import (DEFAULT_DURATION_SEC, MAX_COMMAND_DURATION_SEC, Command,  # noqa: F401
                                       ParsedResponse, format_warnings, parse_response)
@@ -361,7 +362,10 @@ class TerminusEnv:
             obs = framed
             if parsed.warnings:
                 obs = st.warnings.format(feedback=st.warning_feedback.format(warning=parsed.warning_text), output=obs)
-        return self._observe(record, obs)
+        result = self._observe(record, obs)
+        if parsed.task_complete:  # on the last turn there is no turn to confirm in: the episode is complete
+            result.info[DONE_IF_LAST_TURN] = True
+        return result
 
     def reprompt_truncated(self, assistant_text: str) -> StepResult:
         """A turn cut by the per-turn token cap: none of it runs and the episode goes on with Harbor's

@@ -12,13 +12,30 @@ A *task set* is one task directory, a folder of them (searched recursively: ever
 an `instruction.md` is a task), or a DCAgent Parquet file (columns `path`, `task_binary` = tar.gz of
 one task; see `archive.py`).
 
-`task.toml` (Harbor `src/harbor/models/task/config.py`): top-level `schema_version` (older files:
-`version`), `[task] name`, `[metadata]` (free form), `[agent] timeout_sec`, `[verifier] timeout_sec`
-and `env`, `[solution] env`, `[environment] cpus / memory_mb / storage_mb / allow_internet /
-docker_image / build_timeout_sec` (deprecated `memory = "2G"` / `storage = "10G"` strings are
-converted to MB). Unknown keys are kept in `TaskConfig.raw` and otherwise ignored (Harbor adds keys
-over time). Defaults are Harbor's: agent and verifier 600 s, 1 CPU, 2048 MB memory, 10240 MB storage,
-internet allowed (the sandbox still runs without network unless the operator enables it).
+`task.toml` follows Harbor 0.26's `TaskConfig` (`harbor/models/task/config.py`). Every field of it is
+either honoured or refused with one line naming the field (`TASK_TOML_FIELDS` lists them); keys that
+are not Harbor fields are kept in `TaskConfig.raw` and otherwise ignored, as Harbor's model ignores
+them. Honoured:
+
+* top level: `schema_version` (older files: `version`), `source`, `[metadata]` (free form), `[task]`
+  (`name`, `description`, `version`, `authors`, `keywords`);
+* `[agent] timeout_sec` (Harbor's default: none, i.e. no limit; the trial's
+  `max_agent_timeout_sec` caps it), `[verifier] timeout_sec` (600) and `env`, `[solution] env`;
+  `env` values `${VAR}` / `${VAR:-default}` are taken from the host's environment, as Harbor does;
+* `[environment]`: `cpus`, `memory_mb`, `storage_mb` (the deprecated `memory = "2G"` /
+  `storage = "10G"` strings are converted to MB, and a conflict with `memory_mb` is refused);
+  Harbor leaves them unset (the backend's default); the sandbox needs caps and uses 1 CPU, 2048 MB,
+  10240 MB. `env` (set for every command of the trial, the verifier's included), `workdir` (must be
+  `/app` or below, like WORKDIR), `os = "linux"`, `docker_image`, `gpus = 0`, `build_timeout_sec`
+  (600: the trial's start (sandbox and shell) must finish within it, else `sandbox_error`),
+  `network_mode = "no-network"` (what the sandbox gives), the deprecated `allow_internet`;
+* `[agent] user` / `[verifier] user`: only the sandbox's own user (`agent`, uid 1000) or none.
+
+Refused (one line naming the field): fields that need a built image or a network policy
+(`healthcheck`, a `network_mode` other than "no-network", `allowed_hosts`, in any table), GPUs and
+TPUs, `mcp_servers`, `skills_dir`, another `os`, other users, `[verifier] environment` /
+`environment_mode` / `collect`, multi-step tasks (`steps`, `multi_step_reward_strategy`) and
+`artifacts`.
 """
 from __future__ import annotations
 
@@ -37,21 +54,41 @@ from jaxrl.envs.harbor.errors import HarborTaskError
 from jaxrl.envs.harbor.profiles import EnvironmentSpec, resolve_environment
 
 REQUIRED_FILES = ("instruction.md", "task.toml", "environment", "tests/test.sh")
-DEFAULT_AGENT_TIMEOUT_SEC = 600.0
+DEFAULT_AGENT_TIMEOUT_SEC = None  # Harbor 0.26: AgentConfig.timeout_sec = None (no limit)
 DEFAULT_VERIFIER_TIMEOUT_SEC = 600.0
+DEFAULT_BUILD_TIMEOUT_SEC = 600.0
+SANDBOX_USERS = (None, "agent", 1000, "1000")
+
+IMAGE_BACKEND = "needs a built image, which this sandbox does not build (the image backend); remove it or the task"
+TASK_TOML_FIELDS = {
+    "": {"schema_version", "version", "source", "task", "metadata", "agent", "verifier", "environment", "solution",
+         "steps", "multi_step_reward_strategy", "artifacts"},
+    "task": {"name", "description", "version", "authors", "keywords"},
+    "agent": {"timeout_sec", "user", "network_mode", "allowed_hosts"},
+    "verifier": {"timeout_sec", "env", "user", "network_mode", "allowed_hosts", "environment_mode", "environment",
+                 "collect"},
+    "solution": {"env"},
+    "environment": {"build_timeout_sec", "docker_image", "os", "cpus", "memory_mb", "storage_mb", "memory",
+                    "storage", "gpus", "gpu_types", "tpu", "mcp_servers", "env", "skills_dir", "healthcheck",
+                    "workdir", "allow_internet", "network_mode", "allowed_hosts"},
+}
+"""Harbor 0.26's task.toml fields by table (module docstring: which are honoured, which refused)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
     """The parsed `task.toml` (units: seconds, megabytes, CPUs).
 
-    `agent_timeout_sec` None means "no limit" (Harbor@HEAD semantics); the trial's configured
-    maximum then applies.
+    `agent_timeout_sec` None means "no limit" (Harbor 0.26's default); the trial's configured
+    maximum then applies. `environment_env` and `workdir` are `[environment] env` / `workdir`.
     """
 
     schema_version: str = "1.0"
     name: Optional[str] = None
     agent_timeout_sec: Optional[float] = DEFAULT_AGENT_TIMEOUT_SEC
+    build_timeout_sec: float = DEFAULT_BUILD_TIMEOUT_SEC
+    environment_env: dict = dataclasses.field(default_factory=dict)
+    workdir: Optional[str] = None
     verifier_timeout_sec: float = DEFAULT_VERIFIER_TIMEOUT_SEC
     verifier_env: dict = dataclasses.field(default_factory=dict)
     solution_env: dict = dataclasses.field(default_factory=dict)
@@ -131,12 +168,80 @@ def _table(doc: dict, key: str, where: str) -> dict:
     return v
 
 
+_TEMPLATE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?\}")
+
+
 def _env_table(table: dict, where: str) -> dict:
+    """An `env` table, with Harbor's host templates resolved (`${VAR}`, `${VAR:-default}` as the whole
+    value, from this process's environment)."""
     env = table.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, (str, int, float)) and
                                             not isinstance(v, bool) for k, v in env.items()):
         raise HarborTaskError(f"{where}: `env` must be a table of string values")
-    return {k: str(v) for k, v in env.items()}
+    out = {}
+    for k, v in env.items():
+        v = str(v)
+        m = _TEMPLATE.fullmatch(v)
+        if m:
+            if m.group(1) in os.environ:
+                v = os.environ[m.group(1)]
+            elif m.group(2) is not None:
+                v = m.group(2)
+            else:
+                raise HarborTaskError(f"{where}: `env.{k} = {v!r}` needs the host environment variable {m.group(1)}; "
+                                      "set it before loading the task")
+        out[k] = v
+    return out
+
+
+def _refuse(where: str, field: str, why: str):
+    raise HarborTaskError(f"{where}: task.toml field `{field}` is not supported: {why}")
+
+
+def _check_fields(doc: dict, where: str) -> None:
+    """Refuses the Harbor fields this sandbox cannot honour (module docstring), naming the field."""
+    def present(table: dict, key: str) -> bool:
+        return key in table and table[key] not in (None, [], {}, "")
+
+    for key in ("steps", "multi_step_reward_strategy"):
+        if present(doc, key):
+            _refuse(where, key, "multi-step tasks are not supported; use single-step tasks")
+    if present(doc, "artifacts"):
+        _refuse(where, "artifacts", "artifact collection is not supported; remove it")
+    for tname in ("agent", "verifier", "environment"):
+        t = doc.get(tname, {})
+        if not isinstance(t, dict):
+            continue
+        mode = t.get("network_mode")
+        if mode is not None and mode != "no-network":
+            _refuse(where, f"[{tname}] network_mode = {mode!r}", f"a network policy {IMAGE_BACKEND}; the sandbox has "
+                    "no network (network_mode = \"no-network\")")
+        if present(t, "allowed_hosts"):
+            _refuse(where, f"[{tname}] allowed_hosts", f"a network allowlist {IMAGE_BACKEND}")
+        if tname in ("agent", "verifier") and t.get("user") not in SANDBOX_USERS:
+            _refuse(where, f"[{tname}] user = {t.get('user')!r}", "commands run as the sandbox's user `agent` "
+                    "(uid 1000); remove the field or set it to \"agent\"")
+    v = doc.get("verifier", {}) if isinstance(doc.get("verifier", {}), dict) else {}
+    for key in ("environment_mode", "environment", "collect"):
+        if present(v, key):
+            _refuse(where, f"[verifier] {key}", "the verifier runs in the agent's environment; a separate verifier "
+                    "environment or collection step is not supported")
+    e = doc.get("environment", {}) if isinstance(doc.get("environment", {}), dict) else {}
+    if present(e, "healthcheck"):
+        _refuse(where, "[environment] healthcheck", IMAGE_BACKEND)
+    if e.get("os") not in (None, "linux", "Linux", "LINUX"):
+        _refuse(where, f"[environment] os = {e.get('os')!r}", "the sandbox is Linux")
+    gpus = e.get("gpus", 0)
+    if gpus not in (0, None):
+        _refuse(where, f"[environment] gpus = {gpus!r}", "GPU tasks are not supported by the local sandbox; remove "
+                "the task from the set")
+    for key in ("gpu_types", "tpu"):
+        if present(e, key):
+            _refuse(where, f"[environment] {key}", "accelerator tasks are not supported by the local sandbox")
+    if present(e, "mcp_servers"):
+        _refuse(where, "[environment] mcp_servers", "MCP servers are not supported; remove them")
+    if present(e, "skills_dir"):
+        _refuse(where, "[environment] skills_dir", "agent skills are not supported; remove it")
 
 
 def parse_task_toml(text: str, where: str = "task.toml") -> TaskConfig:
@@ -163,38 +268,50 @@ def parse_task_toml(text: str, where: str = "task.toml") -> TaskConfig:
     name = task.get("name")
     if name is not None and not isinstance(name, str):
         raise HarborTaskError(f"{where}: `[task] name` must be a string")
-    if "memory_mb" in env:
-        memory_mb = int(_num(env, "memory_mb", f"{where}: [environment]", 2048))
-    elif "memory" in env:
-        memory_mb = _size_to_mb(env["memory"], f"{where}: [environment] memory")
-    else:
-        memory_mb = 2048
-    if "storage_mb" in env:
-        storage_mb = int(_num(env, "storage_mb", f"{where}: [environment]", 10240))
-    elif "storage" in env:
-        storage_mb = _size_to_mb(env["storage"], f"{where}: [environment] storage")
-    else:
-        storage_mb = 10240
+    _check_fields(doc, where)
+
+    def size(new_key: str, old_key: str, default: int) -> int:
+        value = int(_num(env, new_key, f"{where}: [environment]", default)) if env.get(new_key) is not None else None
+        if old_key in env:
+            old = _size_to_mb(env[old_key], f"{where}: [environment] {old_key}")
+            if value is not None and value != old:
+                raise HarborTaskError(f"{where}: `[environment] {old_key} = {env[old_key]!r}` ({old} MB) conflicts "
+                                      f"with `{new_key} = {value}`; keep one of them")
+            value = old
+        return default if value is None else value
+
+    memory_mb = size("memory_mb", "memory", 2048)
+    storage_mb = size("storage_mb", "storage", 10240)
+    workdir = env.get("workdir")
+    if workdir is not None:
+        if not isinstance(workdir, str) or not (os.path.normpath(workdir) == "/app"
+                                                or os.path.normpath(workdir).startswith("/app/")):
+            raise HarborTaskError(f"{where}: `[environment] workdir = {workdir!r}` must be /app or below it (the "
+                                  "sandbox's only writable work directory)")
+        workdir = os.path.normpath(workdir)
     allow_internet = env.get("allow_internet", True)
+    if allow_internet is None:
+        allow_internet = True
+    if env.get("network_mode") == "no-network":
+        allow_internet = False
     if not isinstance(allow_internet, bool):
         raise HarborTaskError(f"{where}: `[environment] allow_internet` must be true or false")
     image = env.get("docker_image")
     if image is not None and not isinstance(image, str):
         raise HarborTaskError(f"{where}: `[environment] docker_image` must be a string")
-    gpus = env.get("gpus", 0)
-    if gpus not in (0, None):
-        raise HarborTaskError(f"{where}: `[environment] gpus = {gpus!r}`: GPU tasks are not supported by "
-                              "the local sandbox; remove the task from the set")
     return TaskConfig(
         schema_version=str(version),
         name=name,
         agent_timeout_sec=_num(agent, "timeout_sec", f"{where}: [agent]", DEFAULT_AGENT_TIMEOUT_SEC,
                                allow_none=True),
+        build_timeout_sec=float(_num(env, "build_timeout_sec", f"{where}: [environment]", DEFAULT_BUILD_TIMEOUT_SEC)),
+        environment_env=_env_table(env, f"{where}: [environment]"),
+        workdir=workdir,
         verifier_timeout_sec=float(_num(verifier, "timeout_sec", f"{where}: [verifier]",
                                         DEFAULT_VERIFIER_TIMEOUT_SEC)),
         verifier_env=_env_table(verifier, f"{where}: [verifier]"),
         solution_env=_env_table(solution, f"{where}: [solution]"),
-        cpus=float(_num(env, "cpus", f"{where}: [environment]", 1.0)),
+        cpus=float(_num(env, "cpus", f"{where}: [environment]", 1.0) if env.get("cpus") is not None else 1.0),
         memory_mb=memory_mb,
         storage_mb=storage_mb,
         allow_internet=allow_internet,
@@ -215,6 +332,22 @@ def _check_inside(root: Path, where: str) -> None:
                 if os.path.commonpath([root_real, target]) != root_real:
                     raise HarborTaskError(f"{where}: {os.path.relpath(p, root)} is a symlink leaving the task "
                                           f"(-> {os.readlink(p)}); tasks may only link inside themselves")
+
+
+_CANARY = re.compile(r"^(<!--.*canary.*-->|#.*canary.*)$", re.IGNORECASE)
+
+
+def strip_canary(text: str) -> str:
+    """Harbor's instruction rule: leading canary marker lines (an HTML or `#` comment with the word
+    "canary") and the blank lines after them (leading blank lines in any case) are not shown to the
+    agent."""
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines) and _CANARY.match(lines[i].strip()):
+        i += 1
+    while i < len(lines) and not lines[i].strip():
+        i += 1
+    return "\n".join(lines[i:])
 
 
 def load_task(path: str | os.PathLike, *, source: str = "") -> HarborTask:
@@ -245,6 +378,11 @@ def load_task(path: str | os.PathLike, *, source: str = "") -> HarborTask:
     if not instruction.strip():
         raise HarborTaskError(f"{where}: instruction.md is empty")
     environment = resolve_environment(p / "environment", config.docker_image, where=f"{where}/environment")
+    if config.environment_env or config.workdir:
+        environment = dataclasses.replace(
+            environment, env=tuple(environment.env) + tuple(config.environment_env.items()),
+            workdir=config.workdir or environment.workdir)
+    instruction = strip_canary(instruction)
     return HarborTask(name=config.name or p.name, path=p, instruction=instruction, config=config,
                       environment=environment, source=where)
 

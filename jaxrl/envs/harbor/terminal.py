@@ -164,12 +164,12 @@ class Terminal:
         deadline = time.monotonic() + timeout
         with self._lock:
             while self._prompts == 0 and self._proc.poll() is None and time.monotonic() < deadline:
-                self._lock.wait(0.05)
-            ok = self._prompts > 0
+                self._lock.wait(max(0.0, min(0.05, deadline - time.monotonic())))
+            ok = self._prompts > 0 and time.monotonic() <= deadline
         if not ok:
             out = clean_terminal_text(bytes(self._pending))
             self.close()
-            raise SandboxError(f"the sandbox shell did not start within {timeout:.0f} s: {out.strip()[-2000:]!r}")
+            raise SandboxError(f"the sandbox shell did not start within {timeout:g} s: {out.strip()[-2000:]!r}")
         return self
 
     def _rcfile(self) -> str:

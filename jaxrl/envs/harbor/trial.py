@@ -478,7 +478,8 @@ class Trial:
         with self._lock:
             if self._terminal is None:
                 try:
-                    self._terminal = Terminal(self.sandbox).start()
+                    # [environment] build_timeout_sec bounds the environment's start (the shell's here)
+                    self._terminal = Terminal(self.sandbox).start(timeout=float(self.task.config.build_timeout_sec))
                 except SandboxError as e:
                     self._sandbox_error = self._sandbox_error or str(e)
                     raise

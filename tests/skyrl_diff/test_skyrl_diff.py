@@ -63,7 +63,9 @@ def test_pair(pair, skyrl):
         for key, ok, how, err in compare_case(case, skyrl, lambda c, k: True):
             counts[how] += 1
             if not ok:
-                failures.append(f"{case['id']} {key}: max error {err:.3g} (opts {case['opts']})")
+                opts = {k: v for k, v in case["opts"].items() if k not in ("jaxrl_cfg", "skyrl_cfg")}
+                opc = case["opts"].get("skyrl_cfg", {}).get("off_policy_correction")
+                failures.append(f"{case['id']} {key}: max error {err:.3g} ({opts}{', ' + str(opc) if opc else ''})")
     assert counts, f"{pair}: nothing compared"
     assert not failures, f"{len(failures)} of {sum(counts.values())} comparisons differ:\n" + "\n".join(failures[:20])
 

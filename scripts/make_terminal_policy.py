@@ -131,7 +131,7 @@ def episode_messages(spec) -> tuple[list[dict], str, str, list[dict]]:
     `TaskSpec`, with the compact prompt style."""
     prompt = [{"role": "user", "content": initial_prompt(spec.instruction, INITIAL_SCREEN, COMPACT)}]
     turn1 = response(spec.transcript, True, ANALYSIS_1, PLAN_1)
-    obs = [{"role": "user", "content": COMPACT.confirm.format(output=COMPACT.output.format(
+    obs = [{"role": "user", "content": COMPACT.confirm.format(output=COMPACT.new_output.format(
         output=shell_echo(spec.transcript)))}]
     turn2 = response([], True, ANALYSIS_2, PLAN_2)
     return prompt, turn1, turn2, obs

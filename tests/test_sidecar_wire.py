@@ -66,7 +66,7 @@ VLLM_REQUEST_EXTRAS = {
     "prompt_logprobs": {"type": ["integer", "null"]},
 }
 # jaxrl's two documented request extensions (README "Sidecar protocol"); nothing else may be added.
-JAXRL_REQUEST_EXTRAS = {"greedy": {"type": "boolean"}, "logprobs_mode": {"enum": ["full", "sampled"]}}
+JAXRL_REQUEST_EXTRAS = {"greedy": {"type": "boolean"}, "logprobs_mode": {"enum": ["full", "sampled", "raw"]}}
 CLIENT_REQUEST = {**OPENAI_REQUEST, "additionalProperties": False,
                   "properties": {**OPENAI_REQUEST["properties"], **VLLM_REQUEST_EXTRAS, **JAXRL_REQUEST_EXTRAS}}
 
@@ -203,7 +203,7 @@ def test_sidecar_response_follows_openai_schema_and_vllm_extras(serve):
 def test_logprobs_mode_travels_to_the_engine_and_health_reports_both(serve):
     engine, url, _ = serve()
     client = SidecarClient([url], token=TOKEN)
-    assert client.health()[url]["logprobs"] == {"backend": "jax", "modes": ["full", "sampled"]}
+    assert client.health()[url]["logprobs"] == {"backend": "jax", "modes": ["full", "sampled", "raw"]}
     for mode in ("sampled", "full"):
         client.generate([[1, 2]], SamplingParams(max_tokens=2, top_k=5, seed=0, logprobs_mode=mode))
         assert engine.params[-1].logprobs_mode == mode and engine.params[-1].top_k == 5
@@ -285,7 +285,7 @@ def test_requests_over_a_limit_get_4xx_naming_the_limit(serve, body, status, wor
     ({"prompt": [1], "repetition_penalty": 1.2}, "repetition_penalty"),
     ({"prompt": [1], "min_p": 0.1}, "min_p"),
     ({"prompt": [1], "logprobs": 5}, "logprobs"),
-    ({"prompt": [1], "logprobs_mode": "raw"}, "logprobs_mode"),
+    ({"prompt": [1], "logprobs_mode": "raw_logprobs"}, "logprobs_mode"),
     ({"prompt": [1], "greedy": "yes"}, "greedy"),
 ])
 def test_bad_requests_get_400_naming_the_field(serve, body, field):

@@ -11,7 +11,7 @@ OpenAI-compatible server also speaks (docs/sidecar.md):
   jaxrl extensions: ``greedy`` (argmax decoding with logprobs at ``temperature``) and
   ``logprobs_mode`` ("full" = log softmax(logits / T) over the whole vocabulary, docs/architecture.md §3;
   "sampled" = log-probability under the distribution actually sampled, after top-k/top-p,
-  renormalised). Fields whose semantics this sidecar does not implement (text prompts,
+  renormalised; "raw" = log softmax(logits) at temperature 1, vLLM's default raw_logprobs). Fields whose semantics this sidecar does not implement (text prompts,
   ``stream``, stop strings, penalties, ``min_p``, ``logit_bias``, ``best_of`` > 1, ``echo``,
   ``suffix``, ``prompt_logprobs``, ``min_tokens``) are refused with 400, never ignored.
 * response: OpenAI's ``text_completion`` object; choices are ordered prompt-major (index =

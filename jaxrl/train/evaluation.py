@@ -62,15 +62,15 @@ def score(trajs: Sequence[Trajectory], success_threshold: float) -> dict[str, fl
 
 
 def evaluate(c, tasks, generate: Callable[[Any, SamplingParams, int], list[Trajectory]]):
-    """Rolls out `tasks` `generator.eval_sampling_params.n_samples` times each (1 when greedy) with
-    `generate(tasks, sampling, n)` and scores every episode.
+    """Rolls out `tasks` `generator.eval_sampling_params.episodes_per_prompt` times each (1 when
+    greedy) with `generate(tasks, sampling, n)` and scores every episode.
 
     Returns (metrics dict of `score`, the trajectories); ({}, []) for no tasks.
     """
     if not tasks:
         return {}, []
     es = c.generator.eval_sampling_params
-    n = 1 if es.greedy else int(es.get("n_samples", 1))
+    n = 1 if es.greedy else int(es.get("episodes_per_prompt", 1))
     trajs = generate(tasks, eval_sampling(c), n)
     return score(trajs, c.trainer.success_threshold), trajs
 
@@ -99,7 +99,7 @@ def describe(c, source) -> str:
     n = len(source.eval_batch())
     es = c.generator.eval_sampling_params
     decoding = "greedy" if es.greedy else f"temperature {es.temperature:g}"
-    if not es.greedy and int(es.get("n_samples", 1)) > 1:
-        decoding += f", {int(es.n_samples)} episodes per prompt"
+    if not es.greedy and int(es.get("episodes_per_prompt", 1)) > 1:
+        decoding += f", {int(es.episodes_per_prompt)} episodes per prompt"
     return (f"{n} prompt{'s' if n != 1 else ''} of {source.heldout_kind}, {decoding}, success = reward >= "
             f"{c.trainer.success_threshold:g}")

@@ -127,7 +127,9 @@ class HarborTasks:
                             verifier_timeout_sec=h.verifier_timeout_sec or None,
                             command_timeout_sec=float(h.command_timeout_sec),
                             keep="logs" if h.keep_trial_logs else "none",
-                            stop_agent_processes=bool(h.stop_agent_processes))
+                            stop_agent_processes=bool(h.stop_agent_processes),
+                            # terminus-2 sees a real tmux pane, as in Harbor; the compact policy its pty shell
+                            terminal="tmux" if h.prompt_style == "terminus-2" else "pty")
         trials_dir = os.path.join(workdir, "trials")  # created by the first trial
         return TerminusEnvFactory(AgentConfig(prompt_style=h.prompt_style, harbor_wheel=str(h.harbor_wheel),
                                               strict_json_parser=bool(h.strict_json_parser),

@@ -340,3 +340,128 @@ class Terminal:
     def screen(self) -> str:
         """The last `rows` lines of the processed transcript."""
         return "\n".join(self.history().split("\n")[-self.rows:])
+
+
+class TmuxTerminal:
+    """The persistent shell as Harbor's terminus-2 has it: a real tmux session (`tmux` of the host's
+    /usr, bound read-only) inside the trial's sandbox, with Harbor's pane size (160 x 40) and history
+    limit, driven with `tmux send-keys` and read with `tmux capture-pane` exactly as Harbor's
+    TmuxSession does; wrapping, full-screen programs and the visible screen are tmux's own.
+
+    The tmux server lives in one long-lived sandbox instance (it ends when the session ends, or at
+    `close()`); every client command (`send-keys`, `capture-pane`, `has-session`) runs in a fresh
+    instance of the same trial and reaches the server through its socket in the trial's /tmp.
+
+    Same interface as `Terminal`: `send_keys` waits the whole `duration` (Harbor's non-blocking
+    send: no early return), `history()` is `capture-pane -p -S -`, `screen()` is `capture-pane -p`.
+    """
+
+    SOCKET = "/tmp/.jaxrl-tmux"
+    SESSION = "terminus-2"
+
+    def __init__(self, sandbox: Sandbox, *, env: Optional[dict] = None, cols: int = 160, rows: int = 40,
+                 history_limit: int = 10_000_000):
+        self.sandbox = sandbox
+        self.cols, self.rows = cols, rows
+        self._env = env
+        self._history_limit = history_limit
+        self._proc: Optional[subprocess.Popen] = None
+        self._closed = False
+        self._last_history = ""
+
+    def _tmux(self, *args: str, timeout: float = 30.0) -> str:
+        res = self.sandbox.run(["/usr/bin/tmux", "-S", self.SOCKET, *args], timeout=timeout,
+                               env=self.sandbox.env(self._env, terminal=True), watch_disk=False)
+        if res.exit_code != 0:
+            raise SandboxError(f"tmux {args[0]} failed (exit {res.exit_code}): {res.output.strip()[-500:]}")
+        return res.output
+
+    def start(self, timeout: float = 30.0) -> "TmuxTerminal":
+        """Starts the tmux server and its session, and waits until a client reaches it.
+
+        Raises:
+          SandboxError: tmux is missing, or the session did not come up within `timeout` seconds.
+        """
+        import shutil as _shutil
+
+        if not _shutil.which("tmux"):
+            raise SandboxError("the terminus-2 terminal needs tmux on the host (apt-get install -y tmux)")
+        rc = "/opt/jaxrl/bashrc" if self.sandbox.config.backend == "bwrap" else None
+        shell = "bash --noprofile --rcfile " + rc + " -i" if rc else "bash -i"
+        s, n = self.SOCKET, self.SESSION
+        script = (f"export TERM=xterm-256color SHELL=/bin/bash; "
+                  f"/usr/bin/tmux -S {s} new-session -d -x {self.cols} -y {self.rows} -s {n} '{shell}' || exit 1; "
+                  f"/usr/bin/tmux -S {s} set-option -g history-limit {self._history_limit} >/dev/null; "
+                  f"while /usr/bin/tmux -S {s} has-session -t {n} 2>/dev/null; do sleep 0.2; done")
+        self._proc = self.sandbox.popen(["/bin/bash", "-c", script], env=self.sandbox.env(self._env, terminal=True))
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._tmux("has-session", "-t", self.SESSION, timeout=max(1.0, deadline - time.monotonic()))
+                break
+            except SandboxError as e:
+                if self._proc.poll() is not None or time.monotonic() >= deadline:
+                    out = self._proc.stdout.read().decode("utf-8", "replace") if self._proc.poll() is not None else ""
+                    self.close()
+                    raise SandboxError(f"the tmux session did not start within {timeout:g} s: {e} {out[-500:]}")
+                time.sleep(0.05)
+        # wait for the shell's first prompt (a non-empty screen)
+        while time.monotonic() < deadline and not self.screen().strip():
+            time.sleep(0.05)
+        self._last_history = self.history()
+        return self
+
+    def is_alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None and not self._closed
+
+    def close(self) -> None:
+        """Kills the tmux server, the shell and every process started from it."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._proc is not None:
+            self.sandbox.kill(self._proc)
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            self.sandbox._forget(self._proc)
+
+    def send_keys(self, keystrokes: str, duration: float = 1.0, *, max_duration: float = 60.0,
+                  wait_for_prompt: bool = True, settle_sec: float = 0.05, deadline: Optional[float] = None) -> float:
+        """`tmux send-keys -t terminus-2 -- KEYS` (a whole-string tmux key name such as `C-c` is that
+        key, anything else is typed), then waits `min(duration, max_duration)` seconds (NaN or
+        negative: 0), never past `deadline`. Returns the seconds waited.
+
+        Raises:
+          SandboxError: the session is gone.
+        """
+        if not self.is_alive():
+            raise SandboxError("the terminal is closed")
+        t0 = time.monotonic()
+        if keystrokes:
+            self._tmux("send-keys", "-t", self.SESSION, "--", keystrokes)
+        wait = float(duration) if duration == duration and duration > 0 else 0.0  # NaN -> 0
+        end = t0 + min(wait, max_duration)
+        if deadline is not None:
+            end = min(end, deadline)
+        while time.monotonic() < end and self.is_alive():
+            time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+        return time.monotonic() - t0
+
+    def history(self) -> str:
+        """The pane's whole history (`capture-pane -p -S -`)."""
+        return self._tmux("capture-pane", "-p", "-S", "-", "-t", self.SESSION)
+
+    def screen(self) -> str:
+        """The visible pane (`capture-pane -p`)."""
+        return self._tmux("capture-pane", "-p", "-t", self.SESSION)
+
+    def read_new_output(self, limit_bytes: int = MAX_OUTPUT_BYTES) -> str:
+        """What the history gained since the last call (its whole text when it does not extend the
+        previous one), capped at `limit_bytes` (head and tail kept)."""
+        now = self.history() if self.is_alive() else self._last_history
+        prev = self._last_history.rstrip("\n")  # the pane's blank rows are not output
+        self._last_history = now
+        new = now[len(prev):] if now.startswith(prev) else now
+        return limit_output(new, limit_bytes)

@@ -63,7 +63,7 @@ from typing import Any, Optional
 from jaxrl.envs.harbor.errors import AgentTimeoutError, SandboxError
 from jaxrl.envs.harbor.sandbox import Limits, RunResult, Sandbox, SandboxConfig, read_file_nofollow, remove_tree
 from jaxrl.envs.harbor.task import HarborTask
-from jaxrl.envs.harbor.terminal import Terminal
+from jaxrl.envs.harbor.terminal import Terminal, TmuxTerminal
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,8 @@ class TrialConfig:
       keep: what stays in the trial directory after `close()`: "logs" (logs/ and result.json), "all",
         or "none" (the directory is removed).
       test_output_tail_bytes: how much of the end of test-stdout.txt goes into the result.
+      terminal: the persistent shell: "pty" (a bash on a pty, `terminal.Terminal`) or "tmux" (a
+        real tmux session with Harbor's pane size, `terminal.TmuxTerminal`: terminus-2's screen).
       stop_agent_processes: kill the agent's processes (its shell, background jobs) when the agent
         phase ends, before the verifier runs. Default False, as Harbor: they keep running through
         verification (a task may ask for a running process) and die at `close()`.
@@ -133,6 +135,7 @@ class TrialConfig:
     keep: str = "logs"
     test_output_tail_bytes: int = 4096
     stop_agent_processes: bool = False
+    terminal: str = "pty"
 
     def validate(self) -> None:
         """Raises ValueError naming the field and the fix."""
@@ -144,6 +147,8 @@ class TrialConfig:
             v = getattr(self, k)
             if not (isinstance(v, (int, float)) and v > 0):
                 raise ValueError(f"{k}={v!r}: must be a positive number of seconds")
+        if self.terminal not in ("pty", "tmux"):
+            raise ValueError(f"terminal={self.terminal!r}: use 'pty' or 'tmux'")
         if self.keep not in ("logs", "all", "none"):
             raise ValueError(f"keep={self.keep!r}: use 'logs', 'all' or 'none'")
         self.sandbox.validate()
@@ -479,7 +484,8 @@ class Trial:
             if self._terminal is None:
                 try:
                     # [environment] build_timeout_sec bounds the environment's start (the shell's here)
-                    self._terminal = Terminal(self.sandbox).start(timeout=float(self.task.config.build_timeout_sec))
+                    kind = TmuxTerminal if self.config.terminal == "tmux" else Terminal
+                    self._terminal = kind(self.sandbox).start(timeout=float(self.task.config.build_timeout_sec))
                 except SandboxError as e:
                     self._sandbox_error = self._sandbox_error or str(e)
                     raise

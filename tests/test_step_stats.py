@@ -149,3 +149,22 @@ def test_report_states_the_spread_and_explains_the_lr_scale():
     state.lr_scale, state.rollbacks = 0.5, 1
     assert "(x0.5 now: 1 reward-collapse rollback, each x trainer.collapse.lr_factor)" in report_text(
         c, summary, [], state, False)
+
+
+def test_eval_episodes_per_prompt_is_read_from_its_key_everywhere():
+    """The report's ± counted held-out episodes through an older key name (`n_samples`), so a sampled
+    evaluation of 2 episodes per prompt (configs/terminal.py) reported the spread of half as many
+    episodes. Greedy evaluations roll each prompt out once whatever the key says."""
+    from ml_collections import ConfigDict
+
+    from jaxrl.train.trainer import Trainer
+
+    def cfg(greedy, k):
+        return ConfigDict({"generator": {"eval_sampling_params": {"greedy": greedy, "episodes_per_prompt": k}},
+                           "data": {"num_eval_prompts": 3}})
+
+    assert evaluation.episodes_per_prompt(cfg(False, 2)) == 2
+    assert evaluation.episodes_per_prompt(cfg(True, 2)) == 1
+    fake = types.SimpleNamespace(prompts=types.SimpleNamespace(eval_batch=lambda: ["a", "b", "c"]))
+    assert Trainer._eval_episodes(fake, cfg(False, 2)) == 6   # main: 3 (it read `n_samples`)
+    assert Trainer._eval_episodes(fake, cfg(True, 2)) == 3

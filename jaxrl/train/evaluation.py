@@ -42,7 +42,7 @@ def eval_sampling(c) -> SamplingParams:
 
 
 def score(trajs: Sequence[Trajectory], success_threshold: float) -> dict[str, float]:
-    """The held-out metrics of `trajs` (one per episode: `generator.eval_sampling_params.n_samples`
+    """The held-out metrics of `trajs` (one per episode: `episodes_per_prompt(c)`
     episodes per prompt at a temperature, one when greedy).
 
     `eval/success_rate` p (share of rewards >= threshold), its binomial standard error
@@ -61,6 +61,14 @@ def score(trajs: Sequence[Trajectory], success_threshold: float) -> dict[str, fl
             "eval/avg_reward": float(rewards.mean()) if n else 0.0, "eval/num_excluded": len(trajs) - n}
 
 
+def episodes_per_prompt(c) -> int:
+    """Episodes one held-out prompt is rolled out for: 1 when the evaluation is greedy, else
+    `generator.eval_sampling_params.episodes_per_prompt` (the one reading of that key: `evaluate`,
+    the held-out description and the report's ± count all use it)."""
+    es = c.generator.eval_sampling_params
+    return 1 if es.greedy else int(es.get("episodes_per_prompt", 1))
+
+
 def evaluate(c, tasks, generate: Callable[[Any, SamplingParams, int], list[Trajectory]]):
     """Rolls out `tasks` `generator.eval_sampling_params.episodes_per_prompt` times each (1 when
     greedy) with `generate(tasks, sampling, n)` and scores every episode.
@@ -69,9 +77,7 @@ def evaluate(c, tasks, generate: Callable[[Any, SamplingParams, int], list[Traje
     """
     if not tasks:
         return {}, []
-    es = c.generator.eval_sampling_params
-    n = 1 if es.greedy else int(es.get("episodes_per_prompt", 1))
-    trajs = generate(tasks, eval_sampling(c), n)
+    trajs = generate(tasks, eval_sampling(c), episodes_per_prompt(c))
     return score(trajs, c.trainer.success_threshold), trajs
 
 
@@ -99,7 +105,7 @@ def describe(c, source) -> str:
     n = len(source.eval_batch())
     es = c.generator.eval_sampling_params
     decoding = "greedy" if es.greedy else f"temperature {es.temperature:g}"
-    if not es.greedy and int(es.get("episodes_per_prompt", 1)) > 1:
-        decoding += f", {int(es.episodes_per_prompt)} episodes per prompt"
+    if episodes_per_prompt(c) > 1:
+        decoding += f", {episodes_per_prompt(c)} episodes per prompt"
     return (f"{n} prompt{'s' if n != 1 else ''} of {source.heldout_kind}, {decoding}, success = reward >= "
             f"{c.trainer.success_threshold:g}")

@@ -472,11 +472,10 @@ class Trainer:
         return params, opt_state
 
     def _eval_episodes(self, c) -> int:
-        """Episodes one held-out evaluation scores (prompts x eval n_samples; the report's ± uses it)."""
+        """Episodes one held-out evaluation scores (prompts x episodes per prompt; the report's ± uses it)."""
         if not c.data.num_eval_prompts:
             return 0
-        es = c.generator.eval_sampling_params
-        return len(self.prompts.eval_batch()) * (1 if es.greedy else int(es.get("n_samples", 1)))
+        return len(self.prompts.eval_batch()) * evaluation.episodes_per_prompt(c)
 
     def _finish(self, logger, last_step: int, clock: WallClock, collapsed: bool) -> dict[str, Any]:
         """Evaluates the final policy (unless its last step was) and the best checkpoint, exports

@@ -28,7 +28,8 @@
 #     CPU-scale policies, bfloat16 for Qwen3 checkpoints). It must be the run's model.compute_dtype: the
 #     front refuses a version published in another dtype (one line naming --dtype), and it sets the
 #     tolerance of the front's load probe (jaxrl/rollout/weight_probe.py).
-#   * on a CPU: --enforce-eager (start-up 1-2 min instead of compiling), and scheduler settings the CPU
+#   * on a CPU: --gpu-memory-utilization 0.3 (there: the share of host memory required free at start)
+#     unless JAXRL_GPU_MEMORY_UTILIZATION is set, VLLM_CPU_KVCACHE_SPACE=2 (GiB) unless set, --enforce-eager (start-up 1-2 min instead of compiling), and scheduler settings the CPU
 #     engine needs for seeded requests: --max-num-batched-tokens 32768 --max-num-seqs 256
 #     --no-async-scheduling (seeded sampling with chunked prefill stops vLLM 0.32's CPU engine with
 #     "CPU Generator does not use offset"); each is added only when the extra arguments do not set it.
@@ -95,6 +96,10 @@ if [[ -z "$DEVICE" ]]; then
 fi
 DEVICE_ARGS=()
 if [[ "$DEVICE" == cpu ]]; then
+  # On the CPU build --gpu-memory-utilization is the share of host memory vLLM requires free at start
+  # (0.85 refuses to start on a machine shared with a trainer): 0.3 unless set, and a 2 GiB KV cache.
+  [[ -n "${JAXRL_GPU_MEMORY_UTILIZATION:-}" ]] || UTIL=0.3
+  export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}
   has_arg --enforce-eager || DEVICE_ARGS+=(--enforce-eager)
   has_arg --max-num-batched-tokens || DEVICE_ARGS+=(--max-num-batched-tokens 32768)
   has_arg --max-num-seqs || DEVICE_ARGS+=(--max-num-seqs 256)

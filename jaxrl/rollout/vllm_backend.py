@@ -66,8 +66,8 @@ class VllmBackend:
         refused, and it sets the probe's tolerance (required with `model_dir`).
 
     Raises:
-      ValueError: bad `vllm_logprobs_mode`, `upstream` or `dtype`; `model_dir` without a readable
-        Qwen3 config.json.
+      ValueError: bad `vllm_logprobs_mode`, `upstream` or `dtype`. (A `model_dir` without a readable
+        Qwen3 config.json fails the first load, naming it.)
     """
 
     kind = "vllm"
@@ -89,12 +89,10 @@ class VllmBackend:
         self.start_timeout_s = start_timeout_s
         self.policy_version: Optional[int] = 0  # vLLM starts from the checkpoint it was given
         self.dtype = dtype
-        self.probe_cfg = None
-        if model_dir is not None:
-            if dtype not in weight_probe.TOLERANCE:
-                raise ValueError(f"dtype must be one of {sorted(weight_probe.TOLERANCE)} with a model_dir, got {dtype!r}")
-            self.probe_cfg = _read_model_config(model_dir)
-            self.probe_tokens = weight_probe.probe_tokens(self.probe_cfg.vocab_size)
+        self.model_dir = model_dir
+        self.probe_cfg = None  # read from model_dir at the first load
+        if model_dir is not None and dtype not in weight_probe.TOLERANCE:
+            raise ValueError(f"dtype must be one of {sorted(weight_probe.TOLERANCE)} with a model_dir, got {dtype!r}")
         self.last_load: dict = {}
         if upstream.startswith("unix:"):
             transport = httpx.AsyncHTTPTransport(uds=upstream[len("unix:"):])
@@ -215,6 +213,12 @@ class VllmBackend:
         reference = None
         try:
             self._check_published_dtype(path, version)
+            if self.model_dir is not None and self.probe_cfg is None:
+                try:
+                    self.probe_cfg = _read_model_config(self.model_dir)
+                except ValueError as e:
+                    raise LoadFailed(f"the load probe needs the served model's architecture: {e}") from e
+                self.probe_tokens = weight_probe.probe_tokens(self.probe_cfg.vocab_size)
             if self.probe_cfg is not None:  # computed while vLLM loads
                 reference = asyncio.ensure_future(asyncio.to_thread(
                     weight_probe.reference_logprobs, path, self.probe_cfg, self.probe_tokens))

@@ -221,7 +221,7 @@ def test_end_to_end_publish_load_generate_kill_restart(e2e):
     local = sampler_from_hf(e2e["ckpt"], dtype="float32", max_seq_len=256, max_batch_rows=8)
     assert [g[0].token_ids for g in local.generate(prompts, greedy)] == [g[0].token_ids for g in v0]
     _, new_params = hf_io.load_hf_checkpoint(e2e["new_ckpt"])
-    stats = ws.publish(new_params, e2e["sync"], 1)
+    stats = ws.publish(new_params, e2e["sync"], 1, dtype="bfloat16")
     assert stats.bytes > 0
     answers = client.load_weights(1, stats.path)
     assert answers[proc.url]["policy_version"] == 1

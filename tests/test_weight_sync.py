@@ -49,7 +49,7 @@ def test_load_into_target_sharding_and_dtype(tmp_path):
     sh = NamedSharding(mesh, P("fsdp", "tensor"))
     tree = _tree()
     tree["embed"] = jax.device_put(tree["embed"], sh)  # a sharded source is written shard by shard
-    ws.publish(tree, str(tmp_path), 3)
+    ws.publish(tree, str(tmp_path), 3, dtype="bfloat16")
     target = jax.tree.map(lambda x: x, _tree(scale=0.0))
     target["embed"] = jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=sh)
     loaded, _ = ws.load(str(tmp_path), 3, target=target)
@@ -124,7 +124,7 @@ def test_reader_polling_during_publication_never_sees_a_partial_version(tmp_path
 
 def test_tensorstore_reader_runs_without_jax(tmp_path):
     tree = _tree()
-    ws.publish(tree, str(tmp_path), 4)
+    ws.publish(tree, str(tmp_path), 4, dtype="bfloat16")
     code = (
         "import json, sys\n"
         "import numpy as np\n"

@@ -150,7 +150,23 @@ VLLM_PID=$!
   --resume-latest --log-level warning "${TOKEN_ARGS[@]}" &
 FRONT_PID=$!
 
-trap 'kill "$VLLM_PID" "$FRONT_PID" 2>/dev/null || true' EXIT INT TERM
+# Stopping: SIGTERM to both, then SIGKILL to what is left after 10 s. The front waits for vLLM's
+# start-up inside uvicorn's lifespan, where uvicorn holds SIGTERM back until start-up ends (up to
+# JAXRL_VLLM_START_TIMEOUT), so without the SIGKILL a vLLM that fails at start, or a scheduler's
+# SIGTERM during start-up, would leave the front running on PORT.
+stop_children() {
+  trap - EXIT INT TERM
+  kill "$VLLM_PID" "$FRONT_PID" 2>/dev/null || true
+  local i
+  for ((i = 0; i < 50; i++)); do
+    kill -0 "$VLLM_PID" 2>/dev/null || kill -0 "$FRONT_PID" 2>/dev/null || return 0
+    sleep 0.2
+  done
+  kill -9 "$VLLM_PID" "$FRONT_PID" 2>/dev/null || true
+}
+trap stop_children EXIT
+trap 'stop_children; exit 143' TERM
+trap 'stop_children; exit 130' INT
 set +e
 wait -n
 RC=$?

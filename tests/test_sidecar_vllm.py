@@ -8,6 +8,7 @@ before completions resume; request bodies sent upstream use only documented vLLM
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -424,4 +425,55 @@ def test_launch_script_binds_vllm_to_loopback_behind_the_front(published, tmp_pa
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(30)
+        log.close()
+
+
+def _alive(pattern: str) -> list[str]:
+    out = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True)
+    return out.stdout.split()
+
+
+@pytest.mark.parametrize("fault", ["vllm_fails_at_start", "sigterm_while_vllm_starts"])
+def test_launch_script_leaves_no_front_behind_while_vllm_starts(published, tmp_path, fault):
+    """The front waits for vLLM's start-up inside uvicorn's lifespan, where uvicorn holds SIGTERM back
+    until start-up ends (up to JAXRL_VLLM_START_TIMEOUT, 30 min). On main, a vLLM that failed at
+    start, or a SIGTERM to the script while vLLM was starting, left the front running on its port.
+    Now the script exits and takes the front with it, within the script's grace period (10 s)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    vllm = bindir / "vllm"
+    body = "sleep 2; echo 'fake vllm: engine core failed to start' >&2; exit 1" if fault == "vllm_fails_at_start" \
+        else "exec sleep 300"  # a vLLM still loading: it never answers /health
+    vllm.write_text(f"#!/bin/sh\n{body}\n")
+    vllm.chmod(0o755)
+    port = free_port()
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "JAXRL_VLLM_PORT": str(free_port()),
+           "JAXRL_PYTHON": sys.executable, "PYTHONPATH": REPO, "JAXRL_VLLM_DEVICE": "cpu"}
+    log = open(tmp_path / "script.log", "wb")
+    proc = subprocess.Popen(["bash", os.path.join(REPO, "launch", "vllm_sidecar.sh"), published["ckpt"], str(port),
+                             published["sync"], "--dtype", "bfloat16"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    front = f"jaxrl.rollout.sidecar --backend vllm .*--port {port} "
+    try:
+        deadline = time.monotonic() + 120
+        while not _alive(front):  # the front is up and waiting for vLLM
+            assert proc.poll() is None or fault == "vllm_fails_at_start", (tmp_path / "script.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "script.log").read_text()
+            time.sleep(0.2)
+        if fault == "sigterm_while_vllm_starts":
+            time.sleep(2)  # inside the front's wait for /health
+            proc.send_signal(signal.SIGTERM)  # to the script only, as a scheduler's kill of the job step
+        rc = proc.wait(60)
+        assert rc != 0
+        deadline = time.monotonic() + 15
+        while _alive(front) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(front), (tmp_path / "script.log").read_text()
+    finally:
+        for pid in _alive(front):
+            os.kill(int(pid), signal.SIGKILL)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         log.close()

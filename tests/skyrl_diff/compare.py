@@ -19,14 +19,32 @@ CONSTANT_ZERO_CLIP_RATIO = {"sapo", "kl_cov"}  # SkyRL logs clip_ratio = 0.0 for
 # (so micro-batches sum): compared after converting SkyRL's to jaxrl's denominator (difference
 # `token_metric_denominator`).
 KEPT_DENOMINATOR_METRICS = {"tis_token_clip_high_ratio"}
-def tolerance(reference):
+def tolerance(reference, scale=0.0):
     """RTOL x the quantity's largest |value| (at least 1 for a scalar: a loss or metric sums many terms larger
-    than itself) + ATOL."""
+    than itself; at least `scale` where the inputs bound the rounding, `condition_scale`) + ATOL."""
     ref = np.asarray(reference, np.float64)
-    scale = float(np.max(np.abs(ref))) if ref.size and np.all(np.isfinite(ref)) else 0.0
+    largest = float(np.max(np.abs(ref))) if ref.size and np.all(np.isfinite(ref)) else 0.0
     if ref.ndim == 0:
-        scale = max(scale, 1.0)
-    return RTOL * scale + ATOL
+        largest = max(largest, 1.0)
+    return RTOL * max(largest, scale) + ATOL
+
+
+def condition_scale(case):
+    """The size of a case's float32 rounding where it is larger than its output: MaxRL divides
+    r_i - mean_G by mean_G + 1e-6, so both sides' rounding of r_i - mean_G (about eps·max|r|) is
+    magnified by 1/mean_G even where A itself is small; the scale is max_G max_i |r_i| / mean_G.
+    0 for every other case (the output's own size bounds its rounding)."""
+    if case["opts"].get("estimator") != "maxrl":
+        return 0.0
+    x = case["x"]
+    scores = np.asarray(x["token_rewards"], np.float64).sum(-1)
+    index = np.asarray(x["index"])
+    scale = 0.0
+    for g in np.unique(index):
+        r = scores[index == g]
+        if len(r) >= 2 and r.mean() > 0:
+            scale = max(scale, float(np.max(np.abs(r)) / (r.mean() + 1e-6)))
+    return scale
 
 
 def error(a, b, where=None):
@@ -42,10 +60,11 @@ def error(a, b, where=None):
     return float(np.max(np.abs(a - b)))
 
 
-def agree(j, s32, s64, where=None):
-    """(ok, how, err): how is 'float32' or 'float64' (SkyRL's float32 off, jaxrl within rounding of its float64)."""
+def agree(j, s32, s64, where=None, scale=0.0):
+    """(ok, how, err): how is 'float32' or 'float64' (SkyRL's float32 off, jaxrl within rounding of its float64).
+    `scale`: `condition_scale` of the case."""
     ref = np.asarray(s64, np.float64) if where is None else np.asarray(s64, np.float64)[where]
-    tol = tolerance(ref)
+    tol = tolerance(ref, scale)
     e32 = error(j, s32, where)
     if e32 <= tol:
         return True, "float32", e32

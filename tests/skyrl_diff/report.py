@@ -46,11 +46,11 @@ def main():
         stats[case["pair"]]["cases"] += 1
         for key, where in compare.compared_keys(case, j, s32):
             a, b = compare.skyrl_value(case, key, s32), compare.skyrl_value(case, key, s64)
-            ok, how, err = compare.agree(j[key], a, b, where)
+            ok, how, err = compare.agree(j[key], a, b, where, compare.condition_scale(case))
             stats[case["pair"]]["comparisons"] += 1
             stats[case["pair"]][how] += 1
             ref = b if where is None else __import__("numpy").asarray(b)[where]
-            worst[case["pair"]] = max(worst[case["pair"]], err / compare.tolerance(ref))
+            worst[case["pair"]] = max(worst[case["pair"]], err / compare.tolerance(ref, compare.condition_scale(case)))
     t_jax = time.time() - t0
     total = collections.Counter()
     print(f"{'pair':34s} cases  comparisons  via float64  failed  max err/tol")

@@ -50,7 +50,7 @@ def compare_case(case, sky, include):
             continue
         assert key in jax_out, f"{case['id']}: jaxrl does not report {key} (SkyRL: {s32[key]})"
         ok, how, err = compare.agree(jax_out[key], compare.skyrl_value(case, key, s32),
-                                     compare.skyrl_value(case, key, s64), where)
+                                     compare.skyrl_value(case, key, s64), where, compare.condition_scale(case))
         rows.append((key, ok, how, err))
     return rows
 

@@ -90,8 +90,10 @@ def _main(argv):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except SidecarError as e:
-        print(f"error: rollout sidecar failed: {trainer.sidecar_error_text(e)}\n"
-              "Rerun the same command to resume from the last checkpoint.", file=sys.stderr)
+        from jaxrl.train.fleet import sidecar_fix_text
+
+        print(f"error: rollout sidecar failed: {trainer.sidecar_error_text(e)}\n{sidecar_fix_text(e)}",
+              file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.Terminated) from a scheduler, on every process
         cli.interrupted_exit(f"{workdir} from its last checkpoint")

@@ -249,10 +249,20 @@ def test_end_to_end_publish_load_generate_kill_restart(e2e):
 
     # Refusals: wrong token, path outside the sync dir.
     bad = SidecarClient([proc.url], token="nope", max_retries=0)
-    with pytest.raises(SidecarError, match="401"):
+    with pytest.raises(SidecarError, match="401") as refused_token:
         bad.load_weights(1, stats.path)
-    with pytest.raises(SidecarError, match="403"):
+    with pytest.raises(SidecarError, match="403") as refused_path:
         client.load_weights(1, e2e["new_ckpt"])
+    # What jaxrl.main prints under each: a refusal names its fix; rerunning unchanged cannot help
+    # (main told the user to rerun for every sidecar failure).
+    from jaxrl.rollout.client import SidecarUnreachable
+    from jaxrl.train.fleet import sidecar_fix_text
+
+    assert "--config.generator.token_file" in sidecar_fix_text(refused_token.value)
+    assert "SYNC_DIR=<this run's --workdir>/sync" in sidecar_fix_text(refused_path.value)
+    assert "Rerun" not in sidecar_fix_text(refused_token.value) + sidecar_fix_text(refused_path.value)
+    assert sidecar_fix_text(SidecarUnreachable(proc.url, "no answer")) == (
+        "Rerun the same command to resume from the last checkpoint.")
 
     # Kill the sidecar while it is generating: the client's error names it.
     errors = []

@@ -38,6 +38,24 @@ def sidecar_error_text(e: Exception) -> str:
     return re.sub(r"\s*\([^()]*\b[A-Z]\w*\.\w+\(\)[^()]*\)", "", text)  # "(... SidecarProcess.restart())"
 
 
+def sidecar_fix_text(e: Exception) -> str:
+    """The fix line under a sidecar failure. A refusal (4xx: `SidecarRefused`) does not go away on a
+    rerun, so it names what to change; any other failure (a dead or unreachable sidecar, a failed
+    load) is resumed by rerunning the same command."""
+    from jaxrl.rollout.client import SidecarRefused
+
+    if not isinstance(e, SidecarRefused):
+        return "Rerun the same command to resume from the last checkpoint."
+    if e.status == 401:
+        return ("Fix: pass --config.generator.token_file=<the token file the sidecar was started with "
+                "(JAXRL_TOKEN_FILE / --token-file)>, then rerun.")
+    if e.status == 403 and "sync directory" in str(e):
+        return ("Fix: the sidecar serves another run's sync directory: start it with SYNC_DIR=<this run's "
+                "--workdir>/sync (launch/vllm_sidecar.sh MODEL PORT WORKDIR/sync), or pass the --workdir whose "
+                "sync/ it serves, then rerun.")
+    return "Fix: change what the sidecar refused (above), then rerun; rerunning unchanged gets the same refusal."
+
+
 def _maybe_kill_sidecar(point: str, version: int, sidecars) -> None:
     """Fault injection: JAXRL_KILL_SIDECAR_AT="publish:<version>" SIGKILLs the first sidecar just
     before it is asked to load policy version <version> (a sidecar dying during weight sync)."""

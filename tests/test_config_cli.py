@@ -1,5 +1,6 @@
 """Discoverable configuration: help that exits 0, `python -m jaxrl.config show/diff`, one-line
 errors for unknown keys and bad values, mesh hints for the case at hand, and no library noise."""
+import ast
 import os
 import subprocess
 import sys
@@ -52,12 +53,22 @@ def test_show_prints_every_key_with_value_type_and_meaning(recipe):
     # issue 25 §6: no line wider than 100 characters (main: up to 225)
     assert max(len(line) for line in lines) <= 100, max(lines, key=len)
     rows, key = {}, None
-    for line in lines[2:]:  # "key = value", then indented "type: meaning" (wrapped)
+
+    def complete(value):  # a value too long for its line continues on indented lines until it parses
+        try:
+            ast.literal_eval(value)
+            return True
+        except (ValueError, SyntaxError):
+            return False
+
+    for line in lines[2:]:  # "key = value" (or "key =" and the value indented below), then "type: meaning"
         if not line.startswith(" "):
             key, _, value = line.partition(" =")
             rows[key] = [value.strip(), ""]
+        elif not rows[key][1] and not complete(rows[key][0]):
+            rows[key][0] += (" " if rows[key][0] else "") + line.strip()
         else:
-            rows[key][1 if rows[key][1] or rows[key][0] else 0] += (" " if rows[key][1] else "") + line.strip()
+            rows[key][1] += (" " if rows[key][1] else "") + line.strip()
     assert set(rows) == set(expected)
     types = {int: "int", float: "float", str: "str", bool: "bool"}
     for key, value in expected.items():

@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_unknown_logprobs_mode_is_refused():
     with pytest.raises(ConfigError, match="generator.logprobs_mode"):
-        config_lib.validate(with_keys(**{"generator.logprobs_mode": "raw"}), check_inputs=False)
+        config_lib.validate(with_keys(**{"generator.logprobs_mode": "unprocessed"}), check_inputs=False)
 
 
 @pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 0.9, -1), (0.7, 1.0, -1), (1.0, 1.0, 20), (0.6, 1.0, -1)])

@@ -1195,7 +1195,8 @@ def _validate_harbor(c: ml_collections.ConfigDict, check_inputs: bool) -> None:
         try:
             terminus2_texts(str(h.harbor_wheel))
         except HarborFilesError as e:
-            raise ConfigError("harbor.harbor_wheel", str(e), "or use harbor.prompt_style=compact") from None
+            raise ConfigError("harbor.harbor_wheel", str(e),
+                              "do that, or use harbor.prompt_style=compact (the embedded policy's own prompts)") from None
     for key in ("agent_timeout_sec", "verifier_timeout_sec"):
         v = h[key]
         _require(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, f"harbor.{key}", f"{v!r} is not a duration",

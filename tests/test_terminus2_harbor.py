@@ -359,3 +359,14 @@ def test_reward_files_as_harbor_reads_them(tmp_path, i):
     if kind == "ok":
         assert details["rewards"] == {k: float(v) for k, v in rewards.items()}
         assert value == float(rewards.get("reward", next(iter(rewards.values()))))
+
+
+def test_a_directory_as_the_wheel_names_the_wheel_inside_it(tmp_path):
+    """harbor.harbor_wheel set to the folder `pip download -d` wrote was reported as 'does not exist'."""
+    from jaxrl.envs.harbor.terminus2 import HarborFilesError, HarborSource
+
+    with pytest.raises(HarborFilesError, match="is a directory, not a wheel file.*-d DIR"):
+        HarborSource(str(tmp_path))
+    (tmp_path / "harbor-0.26.0-py3-none-any.whl").write_bytes(b"")
+    with pytest.raises(HarborFilesError, match=r"inside it \(.*harbor-0.26.0-py3-none-any.whl\)"):
+        HarborSource(str(tmp_path))

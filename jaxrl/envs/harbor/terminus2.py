@@ -44,6 +44,12 @@ class HarborSource:
     def __init__(self, wheel: str = ""):
         self.wheel = wheel
         if wheel:
+            if os.path.isdir(wheel):
+                inside = sorted(f for f in os.listdir(wheel) if f.startswith("harbor-") and f.endswith(".whl"))
+                raise HarborFilesError(f"harbor wheel {wheel!r} is a directory, not a wheel file: set "
+                                       f"harbor.harbor_wheel to the .whl "
+                                       + (f"inside it ({os.path.join(wheel, inside[-1])})" if inside
+                                          else f"that `{PIP_DOWNLOAD}` writes into it"))
             if not os.path.isfile(wheel):
                 raise HarborFilesError(f"harbor wheel {wheel!r} does not exist: set harbor.harbor_wheel to a harbor "
                                        f"wheel ({PIP_DOWNLOAD})")

@@ -109,6 +109,27 @@ def limit_output(text: str, limit_bytes: int = MAX_OUTPUT_BYTES) -> str:
     return f"{head}\n[... output limited to {limit_bytes} bytes; {omitted} interior bytes omitted ...]\n{tail}"
 
 
+def _alive(term) -> bool:
+    """Whether a terminal's sandboxed process (`term._proc`) runs and the terminal is open."""
+    return term._proc is not None and term._proc.poll() is None and not term._closed
+
+
+def _stop(term) -> bool:
+    """Closes a terminal once: kills its sandboxed process tree and waits up to 10 s for it.
+    False when it was already closed."""
+    if term._closed:
+        return False
+    term._closed = True
+    if term._proc is not None:
+        term.sandbox.kill(term._proc)
+        try:
+            term._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        term.sandbox._forget(term._proc)
+    return True
+
+
 class Terminal:
     """An interactive bash on a pty in a trial's sandbox (see the module docstring).
 
@@ -180,20 +201,12 @@ class Terminal:
         return os.path.join(_profile_dir(self.sandbox.python, self.sandbox.config.sandbox_uid), "bashrc")
 
     def is_alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None and not self._closed
+        return _alive(self)
 
     def close(self) -> None:
         """Kills the shell and every process started from it."""
-        if self._closed:
+        if not _stop(self):
             return
-        self._closed = True
-        if self._proc is not None:
-            self.sandbox.kill(self._proc)
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-            self.sandbox._forget(self._proc)
         self._writes.put(None)
         if self._master is not None:
             try:
@@ -412,20 +425,11 @@ class TmuxTerminal:
         return self
 
     def is_alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None and not self._closed
+        return _alive(self)
 
     def close(self) -> None:
         """Kills the tmux server, the shell and every process started from it."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._proc is not None:
-            self.sandbox.kill(self._proc)
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-            self.sandbox._forget(self._proc)
+        _stop(self)
 
     def send_keys(self, keystrokes: str, duration: float = 1.0, *, max_duration: float = 60.0,
                   wait_for_prompt: bool = True, settle_sec: float = 0.05, deadline: Optional[float] = None) -> float:

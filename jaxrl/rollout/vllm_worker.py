@@ -108,13 +108,39 @@ def load_into_live_model(runner, weights, tied: bool) -> str:
     if not hasattr(runner, "reload_weights"):
         model.load_weights(weights=weights)  # vLLM: routes names, shards for TP, copies to the device
         return "load_weights"
-    runner.reload_weights(weights_iterator=weights)  # vLLM: in-place reload (>= 0.2x)
+    try:
+        runner.reload_weights(weights_iterator=weights)  # vLLM: in-place reload (>= 0.2x)
+    except BaseException:
+        _close_failed_reload(runner)
+        raise
     if tied:
         head, embed = model.lm_head, model.model.embed_tokens  # vLLM: Qwen3ForCausalLM's modules
         head = head.tie_weights(embed)  # vLLM: ParallelLMHead.tie_weights (the head's quant method ties)
         model.lm_head = head
         head.quant_method.process_weights_after_loading(head)  # vLLM: rebuilds the CPU head's packed GEMM
     return "reload_weights"
+
+
+def _close_failed_reload(runner) -> None:
+    """Closes vLLM's layerwise reload after the tensor stream failed part-way (a damaged or wrong version).
+
+    vLLM's ``reload_weights`` opens a layerwise reload (every layer moved to checkpoint-format
+    parameters on the meta device, its weight loaders wrapped) and closes it only after the stream
+    is exhausted; an exception in between leaves it open, and every later load then fails (``'Parameter'
+    object has no attribute 'weight_loader'``). vLLM's own closing step puts the previous kernel
+    tensors back into layers that received nothing and processes the ones that received part of
+    their tensors, so the model is whole again (a mix of versions, which the front's probe refuses:
+    503 until a good load). A failure here is logged and the original error re-raised.
+    """
+    try:
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload  # vLLM 0.32
+    except ImportError:  # another vLLM layout: nothing known to close
+        log.warning("a weight load failed part-way and this vLLM has no layerwise reload to close")
+        return
+    try:
+        finalize_layerwise_reload(runner.model, runner.model_config)  # vLLM: worker model + ModelConfig
+    except Exception:  # noqa: BLE001 - the load's own error is the one reported
+        log.exception("closing vLLM's reload after a failed weight load failed too; restart this sidecar")
 
 
 class OrbaxWeightLoader:

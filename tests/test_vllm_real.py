@@ -35,12 +35,12 @@ START_TIMEOUT_S = 900  # a CPU start is 40-110 s on 2 idle cores; much more on a
 class RealSidecar:
     """launch/vllm_sidecar.sh MODEL PORT SYNC --dtype float32 with the engine env first on PATH."""
 
-    def __init__(self, model_dir, sync_dir, token_file, log_path):
+    def __init__(self, model_dir, sync_dir, token_file, log_path, extra_env=None):
         self.model_dir, self.sync_dir, self.log_path = model_dir, sync_dir, log_path
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PATH": f"{ENGINE_ENV}/bin:{os.environ['PATH']}", "JAXRL_PYTHON": sys.executable,
-               "JAXRL_TOKEN_FILE": token_file, "VLLM_CPU_KVCACHE_SPACE": "1"}
+               "JAXRL_TOKEN_FILE": token_file, "VLLM_CPU_KVCACHE_SPACE": "1", **(extra_env or {})}
         env.pop("XLA_FLAGS", None)
         self.log = open(log_path, "wb")
         self.proc = subprocess.Popen(["bash", os.path.join(ROOT, "launch", "vllm_sidecar.sh"), model_dir,
@@ -257,6 +257,30 @@ def test_completion_logprobs_equal_the_reference(sidecars, logprobs_mode, temper
     gap = _max_gap(_hf_model(sc.model_dir, vdir), groups, PROMPTS, sp)
     print(f"{logprobs_mode} T={temperature} top_p={top_p} top_k={top_k}: max |vLLM - reference| {gap:.3g}")
     assert gap <= 1e-4
+
+
+def test_raw_logprobs_at_the_seed_sampling_settings(sidecars):
+    """The seed runs' sampling (temperature 1.2, top-p 0.95, top-k 20) with `logprobs_mode` "raw"
+    (generator.logprobs_mode=raw, what their vLLM returned): a sidecar started with
+    JAXRL_VLLM_LOGPROBS_MODE=raw_logprobs returns, for every sampled token, log softmax of the logits
+    at temperature 1 over the whole vocabulary: transformers' float64 values within 1e-4; they differ
+    from the processed (T 1.2, kept-set) values by far more, so the test tells the two apart."""
+    root = sidecars["root"]
+    sc = RealSidecar(os.path.join(str(root), "untied"), str(root / "sync_raw"), sidecars["token"],
+                     str(root / "raw.log"), extra_env={"JAXRL_VLLM_LOGPROBS_MODE": "raw_logprobs"})
+    try:
+        sc.wait()
+        client = SidecarClient([sc.url], token_file=sidecars["token"], max_retries=0)
+        sp = SamplingParams(max_tokens=16, temperature=1.2, top_p=0.95, top_k=20, n=2, seed=5, logprobs_mode="raw")
+        groups = client.generate(PROMPTS, sp)
+        model = _hf_model(sc.model_dir)
+        raw = _max_gap(model, groups, PROMPTS, SamplingParams(temperature=1.0, top_p=1.0, top_k=0))
+        processed = _max_gap(model, groups, PROMPTS, SamplingParams(temperature=1.2, top_p=0.95, top_k=20))
+        print(f"raw_logprobs at T 1.2 / 0.95 / 20: vs T-1 full-vocabulary reference {raw:.3g}, "
+              f"vs the processed definition {processed:.3g}")
+        assert raw <= 1e-4 < 1e-2 < processed
+    finally:
+        sc.stop()
 
 
 def test_seeded_sampling_is_repeatable_across_batch_shapes(sidecars):

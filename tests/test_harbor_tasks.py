@@ -422,3 +422,23 @@ def test_families_are_seeded_and_varied(tmp_path):
     assert load_task(dirs[0]).config.metadata == {"family": "write-file", "difficulty": 1, "seed": 100,
                                                   "author": "jaxrl scripts/make_terminal_tasks.py"}
     assert filecmp.cmp(dirs[0] / "task.toml", dirs[0] / "task.toml", shallow=False)
+
+
+def test_shell_form_run_starting_with_a_bracket_is_not_exec_form(tmp_path):
+    """Regression: `RUN [ ! -e ... ] && ln -s ... || true` is shell form (not a JSON array of strings);
+    it was refused as "invalid JSON exec form"."""
+    spec = _env(tmp_path, "FROM ubuntu:24.04\n"
+                          "RUN [ ! -e /usr/bin/python ] && ln -s /usr/bin/python3 /usr/bin/python || true\n"
+                          'RUN ["/bin/sh", "-c", "mkdir -p /app/data"]\n'
+                          'SHELL ["/bin/bash", "-o", "pipefail", "-c"]\n'
+                          "RUN mkdir -p /app/more\n"
+                          'COPY --chmod=755 ["run me.sh", "/app/"]\n',
+                files={"run me.sh": "r"})
+    assert spec.mkdirs == ("/app/data", "/app/more")
+    assert [(os.path.basename(s), d, m) for s, d, m in spec.copies] == [("run me.sh", "/app/run me.sh", 0o755)]
+    assert any("line 4: SHELL" in n for n in spec.notes)
+    # a JSON array that is not all strings is shell form too: `[1, 2]` runs the command `[1,` -> refused as a command
+    with pytest.raises(UnsupportedEnvironmentError, match=r"line 2.*command `\[1,`"):
+        _env(tmp_path, "FROM ubuntu:24.04\nRUN [1, 2]\n")
+    with pytest.raises(UnsupportedEnvironmentError, match="line 2.*SHELL takes only the JSON form"):
+        _env(tmp_path, "FROM ubuntu:24.04\nSHELL /bin/bash -c\n")

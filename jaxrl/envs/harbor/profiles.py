@@ -11,8 +11,11 @@ naming the Dockerfile line and instruction. What is honoured:
 * `RUN` — only `&&`/`;` chains of: `apt-get`/`apt` `update|install|clean|autoremove` of packages the
   profile provides (`apt_packages`, or a package whose program exists on the host, `APT_PROGRAMS`),
   `pip install` of packages the profile's Python can import (versions are not checked),
-  `mkdir -p` under the work directory, `rm -rf` of apt caches, `ln -s` of python3 to python, and
-  `true`. Anything else is refused.
+  `mkdir -p` under the work directory, `rm -rf` of apt caches, `ln -s` of python3 to python,
+  `true` and tests (`[ ... ]`, `test`); `||` chains too. A RUN whose text is not a JSON array of
+  strings is shell form (Docker's rule, `exec_form`), even when it starts with `[`. Anything else is
+  refused.
+* `SHELL` — only the JSON form of sh or bash ending in `-c` (noted; RUN lines are read as shell).
 * `WORKDIR` — must be `/app` or below (the only writable work directory of the sandbox).
 * `ENV` / `ARG` — set (ENV) or define (ARG) variables, with `$VAR` / `${VAR}` expansion.
 * `COPY` / `ADD` of local files from the build context into the work directory: copied into the
@@ -290,7 +293,8 @@ def _expand(s: str, variables: dict) -> str:
 
 
 def _split_chain(cmd: str) -> list[str]:
-    """Splits a RUN shell command on top-level `&&` and `;` (quotes respected)."""
+    """Splits a RUN shell command on top-level `&&`, `||` and `;` (quotes respected): every part must
+    be one the sandbox honours, whichever of them would run."""
     parts, cur, quote, i = [], "", None, 0
     while i < len(cmd):
         c = cmd[i]
@@ -304,7 +308,7 @@ def _split_chain(cmd: str) -> list[str]:
         elif c in "'\"":
             quote = c
             cur += c
-        elif cmd.startswith("&&", i):
+        elif cmd.startswith("&&", i) or cmd.startswith("||", i):
             parts.append(cur)
             cur = ""
             i += 1
@@ -316,6 +320,25 @@ def _split_chain(cmd: str) -> list[str]:
         i += 1
     parts.append(cur)
     return [p.strip() for p in parts if p.strip()]
+
+
+def exec_form(args: str) -> Optional[list[str]]:
+    """The argv of an instruction's exec form, or None when `args` is shell form.
+
+    Docker's rule, for every instruction with both forms (RUN, CMD, ENTRYPOINT, HEALTHCHECK CMD, COPY,
+    ADD): the text is exec form only if it parses as a JSON array of strings; anything else, a
+    leading `[` included (`RUN [ -e /x ] || true`), is shell form.
+    """
+    text = args.strip()
+    if not text.startswith("["):
+        return None
+    try:
+        argv = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        return None
+    return argv
 
 
 class _Reader:
@@ -343,11 +366,8 @@ class _Reader:
         return p
 
     def run(self, lineno: int, instr: str, args: str):
-        if args.lstrip().startswith("["):
-            try:
-                argv = json.loads(args)
-            except ValueError:
-                self.fail(lineno, instr, "invalid JSON exec form")
+        argv = exec_form(args)
+        if argv is not None:
             if len(argv) >= 3 and argv[0] in ("sh", "/bin/sh", "bash", "/bin/bash") and argv[1] == "-c":
                 args = argv[2]
             else:
@@ -364,8 +384,8 @@ class _Reader:
     def run_one(self, lineno, instr, argv: list[str], part: str):
         while argv and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", argv[0]):  # DEBIAN_FRONTEND=noninteractive apt-get
             argv = argv[1:]
-        if not argv or argv[0] in ("true", ":"):
-            return
+        if not argv or argv[0] in ("true", ":", "[", "test"):
+            return  # no-ops, and tests (`[ -e /usr/bin/python ]`), which change nothing
         prog = posixpath.basename(argv[0])
         if prog in ("apt-get", "apt"):
             opts_with_arg = {"-o"}
@@ -423,13 +443,20 @@ class _Reader:
                                  "or clean apt caches)")
 
     def copy(self, lineno: int, instr: str, args: str, is_add: bool):
-        try:
-            argv = json.loads(args) if args.lstrip().startswith("[") else shlex.split(args)
-        except ValueError as e:
-            self.fail(lineno, instr, f"cannot parse ({e})")
+        # flags come first (`COPY --chmod=755 ["a b", "/app/"]`), then the exec or shell form
+        rest = args.strip()
+        flags = []
+        while rest.startswith("--"):
+            flag, _, rest = rest.partition(" ")
+            flags.append(flag)
+            rest = rest.lstrip()
+        argv = exec_form(rest)
+        if argv is None:
+            try:
+                argv = shlex.split(rest)
+            except ValueError as e:
+                self.fail(lineno, instr, f"cannot parse ({e})")
         mode = None
-        flags = [a for a in argv if a.startswith("--")]
-        argv = [a for a in argv if not a.startswith("--")]
         for f in flags:
             if f.startswith("--chmod="):
                 try:
@@ -540,6 +567,14 @@ def resolve_environment(env_dir: str | os.PathLike, docker_image: Optional[str] 
                     rd.fail(lineno, shown, "the sandbox runs every task as one unprivileged user; only `USER root` "
                                            "(a no-op) is accepted")
                 rd.notes.append(f"line {lineno}: {shown} (ignored)")
+            elif op == "SHELL":
+                argv = exec_form(args)
+                if argv is None:
+                    rd.fail(lineno, shown, "SHELL takes only the JSON form, e.g. SHELL [\"/bin/bash\", \"-c\"]")
+                if not (len(argv) >= 2 and posixpath.basename(argv[0]) in ("sh", "bash") and argv[-1] == "-c"):
+                    rd.fail(lineno, shown, "the SHELL instruction is not supported by the local sandbox except "
+                                           "sh or bash ending in -c (RUN lines are read as shell commands)")
+                rd.notes.append(f"line {lineno}: {shown} (RUN lines are read as {argv[0]} commands)")
             elif op in ("LABEL", "MAINTAINER", "CMD", "ENTRYPOINT", "EXPOSE", "HEALTHCHECK", "STOPSIGNAL", "VOLUME"):
                 rd.notes.append(f"line {lineno}: {op} (ignored)")
             else:

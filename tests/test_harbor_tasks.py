@@ -125,6 +125,12 @@ def test_load_task_set_folder(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(HarborTaskError, match="no task found"):
         load_task_set(tmp_path / "empty")
+    old = tmp_path / "oldtb" / "hello"
+    old.mkdir(parents=True)
+    (old / "task.yaml").write_text("instruction: say hello\n")
+    (old / "run-tests.sh").write_text("#!/bin/sh\n")
+    with pytest.raises(HarborTaskError, match=r"hello: a task in the older terminal-bench format \(task.yaml"):
+        load_task_set(tmp_path / "oldtb")
     with pytest.raises(FileNotFoundError):
         load_task_set(tmp_path / "nope")
 

@@ -434,7 +434,13 @@ def load_task_set(path: str | os.PathLike, *, extract_dir: str | os.PathLike | N
     else:
         dirs = [(d, str(d)) for d in find_task_dirs(path)]
     if not dirs:
-        raise HarborTaskError(f"{path}: no task found (no directory with an instruction.md)")
+        old_format = sorted(str(q.parent) for q in path.rglob("task.yaml")) if path.is_dir() else []
+        if old_format:
+            raise HarborTaskError(f"{old_format[0]}: a task in the older terminal-bench format (task.yaml, "
+                                  "run-tests.sh), which jaxrl does not read; it reads Harbor's layout (instruction.md, "
+                                  "task.toml, tests/test.sh, docs/terminal_tasks.md): convert the task to it")
+        raise HarborTaskError(f"{path}: no task found (no directory with an instruction.md); a Harbor task is a "
+                              "directory with instruction.md, task.toml and tests/test.sh (docs/terminal_tasks.md)")
     tasks = []
     for d, src in dirs:
         try:

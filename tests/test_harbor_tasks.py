@@ -209,6 +209,43 @@ def test_unsupported_dockerfile_instructions_are_refused(tmp_path, dockerfile, m
         resolve_environment(ctx, where="task/environment")
 
 
+def test_a_refused_dockerfile_lists_every_blocker_at_once(tmp_path):
+    """Issue 28: only the first blocker was named, so a user fixed one line and met the next. Every
+    instruction and every command of a RUN chain is read; the package check runs too."""
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "a.txt").write_text("a")
+    (ctx / "Dockerfile").write_text(
+        "FROM ubuntu:24.04\n"
+        "RUN mkdir -p /workspace\n"                       # 2: outside /app
+        "COPY a.txt /etc/a.txt\n"                          # 3: outside /app
+        "RUN curl -sSL https://x | sh && mkdir /data\n"    # 4: two commands, both refused
+        "WORKDIR /app\n"                                   # fine
+        "RUN apt-get install -y frobnicator\n")            # 6: unknown package (profile check)
+    with pytest.raises(UnsupportedEnvironmentError) as e:
+        resolve_environment(ctx, where="task/environment")
+    msg = str(e.value)
+    assert msg.startswith("task/environment/Dockerfile: 5 problems for the local sandbox: (1) line 2:"), msg
+    expected = ["(1) line 2: `RUN mkdir -p /workspace`: /workspace is outside /app",
+                "(2) line 3: `COPY a.txt /etc/a.txt`: /etc/a.txt is outside /app",
+                "(3) line 4: `RUN curl", "command `curl`",
+                "(4) line 4: `RUN curl", "/data is outside /app",
+                "(5) no sandbox profile provides this environment:", "line 6: apt package 'frobnicator' is unknown"]
+    pos = [msg.find(x) for x in expected]
+    assert -1 not in pos and pos == sorted(pos), (pos, msg)
+    assert "\n" not in msg  # one line
+
+
+def test_blockers_before_a_missing_from_are_listed_with_it(tmp_path):
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text("RUN true\nENV A=1\n")
+    with pytest.raises(UnsupportedEnvironmentError,
+                       match=r"3 problems .*\(1\) line 1: `RUN true`: instruction before FROM; \(2\) line 2: "
+                             r"`ENV A=1`: instruction before FROM; \(3\) no FROM instruction$"):
+        resolve_environment(ctx, where="t/environment")
+
+
 def test_no_dockerfile_and_compose_are_refused(tmp_path):
     with pytest.raises(UnsupportedEnvironmentError, match="no Dockerfile"):
         _env(tmp_path, None)

@@ -48,7 +48,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from jaxrl.envs.harbor.errors import UnsupportedEnvironmentError
 
@@ -341,6 +341,11 @@ def exec_form(args: str) -> Optional[list[str]]:
     return argv
 
 
+class _Blocked(Exception):
+    """One instruction (or one command of a RUN chain) the local sandbox cannot honour; `_Reader`
+    records it and reads on, so a refused task lists every blocker at once."""
+
+
 class _Reader:
     def __init__(self, context: Path, where: str):
         self.context = context
@@ -354,9 +359,12 @@ class _Reader:
         self.apt: list[str] = []
         self.pip: list[str] = []
         self.image: Optional[str] = None
+        self.blockers: list[str] = []  # "line N: `instr`: why", in Dockerfile order
 
     def fail(self, lineno: int, instr: str, why: str):
-        raise UnsupportedEnvironmentError(f"{self.where}/Dockerfile line {lineno}: `{instr}`: {why}")
+        """Records a blocker and abandons the current instruction (or RUN command) by raising `_Blocked`."""
+        self.blockers.append(f"line {lineno}: `{instr}`: {why}")
+        raise _Blocked()
 
     def in_workdir(self, lineno, instr, path: str) -> str:
         base = self.workdir or SANDBOX_WORKDIR
@@ -376,10 +384,13 @@ class _Reader:
             self.fail(lineno, instr, "heredocs in RUN are not supported by the local sandbox")
         for part in _split_chain(_expand(args, self.variables)):
             try:
-                argv = shlex.split(part)
-            except ValueError as e:
-                self.fail(lineno, instr, f"cannot parse `{part}` ({e})")
-            self.run_one(lineno, instr, argv, part)
+                try:
+                    argv = shlex.split(part)
+                except ValueError as e:
+                    self.fail(lineno, instr, f"cannot parse `{part}` ({e})")
+                self.run_one(lineno, instr, argv, part)
+            except _Blocked:
+                continue  # recorded; the chain's other commands are read too
 
     def run_one(self, lineno, instr, argv: list[str], part: str):
         while argv and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", argv[0]):  # DEBIAN_FRONTEND=noninteractive apt-get
@@ -512,7 +523,8 @@ def resolve_environment(env_dir: str | os.PathLike, docker_image: Optional[str] 
 
     Raises:
       UnsupportedEnvironmentError: no Dockerfile / image, an unsupported instruction, command or package, or no
-        profile for the image; the message names the line and the instruction.
+        profile for the image; the message names every blocker at once (each with its line and
+        instruction; every command of a RUN chain is read), then the package or profile problem.
     """
     env_dir = Path(env_dir)
     rd = _Reader(env_dir, where)
@@ -524,63 +536,66 @@ def resolve_environment(env_dir: str | os.PathLike, docker_image: Optional[str] 
             instr, _, args = line.strip().partition(" ")
             op = instr.upper()
             shown = f"{op} {args.strip()}"[:120]
-            if op == "FROM":
-                if rd.image is not None:
-                    rd.fail(lineno, shown, "multi-stage builds are not supported by the local sandbox")
-                words = [w for w in args.split() if not w.startswith("--")]
-                if not words:
-                    rd.fail(lineno, shown, "FROM needs an image")
-                rd.image = _expand(words[0], rd.variables)
-            elif rd.image is None and op != "ARG":
-                rd.fail(lineno, shown, "instruction before FROM")
-            elif op == "RUN":
-                rd.run(lineno, shown, args)
-            elif op == "WORKDIR":
-                p = posixpath.normpath(posixpath.join(rd.workdir or "/", _expand(args.strip().strip('"'), rd.variables)))
-                rd.workdir = rd.in_workdir(lineno, shown, p)
-                rd.mkdirs.append(rd.workdir)
-            elif op in ("ENV", "ARG"):
-                try:
-                    words = shlex.split(args)
-                except ValueError as e:
-                    rd.fail(lineno, shown, f"cannot parse ({e})")
-                if op == "ENV" and len(words) >= 2 and "=" not in words[0]:
-                    pairs = [(words[0], " ".join(words[1:]))]  # legacy `ENV KEY value with spaces`
+            try:
+                if op == "FROM":
+                    if rd.image is not None:
+                        rd.fail(lineno, shown, "multi-stage builds are not supported by the local sandbox")
+                    words = [w for w in args.split() if not w.startswith("--")]
+                    if not words:
+                        rd.fail(lineno, shown, "FROM needs an image")
+                    rd.image = _expand(words[0], rd.variables)
+                elif rd.image is None and op != "ARG":
+                    rd.fail(lineno, shown, "instruction before FROM")
+                elif op == "RUN":
+                    rd.run(lineno, shown, args)
+                elif op == "WORKDIR":
+                    p = posixpath.normpath(posixpath.join(rd.workdir or "/", _expand(args.strip().strip('"'), rd.variables)))
+                    rd.workdir = rd.in_workdir(lineno, shown, p)
+                    rd.mkdirs.append(rd.workdir)
+                elif op in ("ENV", "ARG"):
+                    try:
+                        words = shlex.split(args)
+                    except ValueError as e:
+                        rd.fail(lineno, shown, f"cannot parse ({e})")
+                    if op == "ENV" and len(words) >= 2 and "=" not in words[0]:
+                        pairs = [(words[0], " ".join(words[1:]))]  # legacy `ENV KEY value with spaces`
+                    else:
+                        pairs = []
+                        for w in words:
+                            k, eq, v = w.partition("=")
+                            if not eq:
+                                if op == "ARG":
+                                    continue  # ARG without default: nothing to define
+                                rd.fail(lineno, shown, f"expected KEY=VALUE, got {w!r}")
+                            pairs.append((k, v))
+                    for k, v in pairs:
+                        v = _expand(v, rd.variables)
+                        rd.variables[k] = v
+                        if op == "ENV":
+                            rd.env.append((k, v))
+                elif op in ("COPY", "ADD"):
+                    rd.copy(lineno, shown, args, op == "ADD")
+                elif op == "USER":
+                    if args.strip() not in ("root", "0", "root:root", "0:0"):
+                        rd.fail(lineno, shown, "the sandbox runs every task as one unprivileged user; only `USER root` "
+                                               "(a no-op) is accepted")
+                    rd.notes.append(f"line {lineno}: {shown} (ignored)")
+                elif op == "SHELL":
+                    argv = exec_form(args)
+                    if argv is None:
+                        rd.fail(lineno, shown, "SHELL takes only the JSON form, e.g. SHELL [\"/bin/bash\", \"-c\"]")
+                    if not (len(argv) >= 2 and posixpath.basename(argv[0]) in ("sh", "bash") and argv[-1] == "-c"):
+                        rd.fail(lineno, shown, "the SHELL instruction is not supported by the local sandbox except "
+                                               "sh or bash ending in -c (RUN lines are read as shell commands)")
+                    rd.notes.append(f"line {lineno}: {shown} (RUN lines are read as {argv[0]} commands)")
+                elif op in ("LABEL", "MAINTAINER", "CMD", "ENTRYPOINT", "EXPOSE", "HEALTHCHECK", "STOPSIGNAL", "VOLUME"):
+                    rd.notes.append(f"line {lineno}: {op} (ignored)")
                 else:
-                    pairs = []
-                    for w in words:
-                        k, eq, v = w.partition("=")
-                        if not eq:
-                            if op == "ARG":
-                                continue  # ARG without default: nothing to define
-                            rd.fail(lineno, shown, f"expected KEY=VALUE, got {w!r}")
-                        pairs.append((k, v))
-                for k, v in pairs:
-                    v = _expand(v, rd.variables)
-                    rd.variables[k] = v
-                    if op == "ENV":
-                        rd.env.append((k, v))
-            elif op in ("COPY", "ADD"):
-                rd.copy(lineno, shown, args, op == "ADD")
-            elif op == "USER":
-                if args.strip() not in ("root", "0", "root:root", "0:0"):
-                    rd.fail(lineno, shown, "the sandbox runs every task as one unprivileged user; only `USER root` "
-                                           "(a no-op) is accepted")
-                rd.notes.append(f"line {lineno}: {shown} (ignored)")
-            elif op == "SHELL":
-                argv = exec_form(args)
-                if argv is None:
-                    rd.fail(lineno, shown, "SHELL takes only the JSON form, e.g. SHELL [\"/bin/bash\", \"-c\"]")
-                if not (len(argv) >= 2 and posixpath.basename(argv[0]) in ("sh", "bash") and argv[-1] == "-c"):
-                    rd.fail(lineno, shown, "the SHELL instruction is not supported by the local sandbox except "
-                                           "sh or bash ending in -c (RUN lines are read as shell commands)")
-                rd.notes.append(f"line {lineno}: {shown} (RUN lines are read as {argv[0]} commands)")
-            elif op in ("LABEL", "MAINTAINER", "CMD", "ENTRYPOINT", "EXPOSE", "HEALTHCHECK", "STOPSIGNAL", "VOLUME"):
-                rd.notes.append(f"line {lineno}: {op} (ignored)")
-            else:
-                rd.fail(lineno, shown, f"the {op} instruction is not supported by the local sandbox")
+                    rd.fail(lineno, shown, f"the {op} instruction is not supported by the local sandbox")
+            except _Blocked:
+                continue  # recorded in rd.blockers; read on
         if rd.image is None:
-            raise UnsupportedEnvironmentError(f"{where}/Dockerfile: no FROM instruction")
+            _refuse(where, rd.blockers, "no FROM instruction", f"{where}/Dockerfile: no FROM instruction")
     elif docker_image:
         rd.image = docker_image
     elif (env_dir / "docker-compose.yaml").exists() or (env_dir / "docker-compose.yml").exists():
@@ -595,13 +610,34 @@ def _host_has(program: str) -> bool:
     return any(os.path.exists(os.path.join(d, program)) for d in ("/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"))
 
 
+def _refuse(where: str, blockers: Sequence[str], extra: Optional[str] = None, extra_alone: Optional[str] = None):
+    """Raises the one UnsupportedEnvironmentError naming every blocker of a Dockerfile at once.
+
+    Args:
+      where: label of the task's environment for the message.
+      blockers: "line N: `instr`: why" items, in Dockerfile order.
+      extra: a further problem (no FROM, no profile for the image or its packages), listed last.
+      extra_alone: the message to raise when `extra` is the only problem.
+
+    Raises:
+      UnsupportedEnvironmentError: always. One blocker reads "WHERE/Dockerfile line N: `instr`: why";
+        several read "WHERE/Dockerfile: K problems for the local sandbox: (1) ...; (2) ...".
+    """
+    items = list(blockers) + ([extra] if extra else [])
+    if len(items) == 1:
+        raise UnsupportedEnvironmentError(f"{where}/Dockerfile {blockers[0]}" if blockers else extra_alone)
+    raise UnsupportedEnvironmentError(f"{where}/Dockerfile: {len(items)} problems for the local sandbox: "
+                                      + "; ".join(f"({i}) {b}" for i, b in enumerate(items, 1)))
+
+
 def _choose_profile(rd: _Reader, where: str, python: Optional[str]) -> EnvironmentSpec:
     image = rd.image
     matching = [p for p in _PROFILES if any(fnmatch.fnmatch(image, pat) for pat in p.base_images)]
     if not matching:
-        raise UnsupportedEnvironmentError(f"{where}: base image {image!r} has no sandbox profile (known images: "
-                                f"{sorted({b for p in _PROFILES for b in p.base_images})}); register one with "
-                                "jaxrl.envs.harbor.register_profile")
+        why = (f"base image {image!r} has no sandbox profile (known images: "
+               f"{sorted({b for p in _PROFILES for b in p.base_images})}); register one with "
+               "jaxrl.envs.harbor.register_profile")
+        _refuse(where, rd.blockers, why, f"{where}: {why}")
     needs_python = bool(rd.pip) or any(p in PYTHON_APT for _, p in rd.apt) or image.startswith("python")
     problems = []
     for prof in matching:
@@ -620,7 +656,12 @@ def _choose_profile(rd: _Reader, where: str, python: Optional[str]) -> Environme
                 bad.append(f"line {lineno}: apt package {base!r} is not installed on this host "
                            f"(`{prog}` not found; apt-get install {base})")
         if prof.python and rd.pip:
-            rt = find_python(python)
+            try:
+                rt = find_python(python)
+            except UnsupportedEnvironmentError as e:
+                if not rd.blockers:
+                    raise
+                _refuse(where, rd.blockers, str(e))
             mods = tuple(sorted({PIP_IMPORT_NAMES.get(n, n.replace("-", "_")) for _, n in rd.pip}))
             ok = _importable(rt.executable, mods)
             for lineno, n in rd.pip:
@@ -631,7 +672,10 @@ def _choose_profile(rd: _Reader, where: str, python: Optional[str]) -> Environme
         if bad:
             problems.extend(f"profile {prof.name!r}: {b}" for b in bad)
             continue
+        if rd.blockers:
+            _refuse(where, rd.blockers)
         return EnvironmentSpec(profile=prof.name, base_image=image, workdir=rd.workdir or SANDBOX_WORKDIR,
                                env=tuple(rd.env), copies=tuple(rd.copies), mkdirs=tuple(dict.fromkeys(rd.mkdirs)),
                                notes=tuple(rd.notes))
-    raise UnsupportedEnvironmentError(f"{where}/Dockerfile: no sandbox profile provides this environment: " + "; ".join(problems))
+    why = "no sandbox profile provides this environment: " + "; ".join(problems)
+    _refuse(where, rd.blockers, why, f"{where}/Dockerfile: {why}")

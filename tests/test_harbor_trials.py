@@ -289,11 +289,34 @@ def test_check_reports_planted_defects(tmp_path):
     assert inv.oracle.reward == 0.0 and inv.empty.reward == 1.0
     assert any("empty agent: reward 1 (ok), expected reward 0 (inverted verifier?)" in p for p in inv.problems)
     bro = checks["jaxrl/planted-broken-oracle"]
-    assert bro.problems == ["oracle: reward 0 (ok), expected reward 1"]
+    # the verifier ran; the gate quotes how its output ends (pytest's summary of the failed tests)
+    assert bro.problems[0].startswith("oracle: reward 0 (ok), expected reward 1; verifier exit "), bro.problems
+    assert "its output ends `" in bro.problems[0] and "failed" in bro.problems[0].rsplit("`", 2)[-2], bro.problems
     assert checks["test/planted-silent"].problems[0].startswith("empty agent: reward 0 (reward_missing)")
     assert checks["test/planted-no-oracle"].problems == ["no oracle (solution/solve.sh)"]
     table = format_check_table(list(checks.values()))
     assert "4/8 tasks pass the gate" in table and "planted-inverted" in table and "write-file-000" not in table
+
+
+def test_gate_says_why_a_verifier_could_not_run(tmp_path):
+    """Issue 28: verifiers that fetch their tools at verification time (no network in the sandbox) or
+    call a program the environment lacks showed in the gate as a bare 'reward 0 (ok)'."""
+    s = tmp_path / "set"
+    pay = 'then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; exit 1; fi\n'
+    write_task_dir(s, "needs-net", test_sh="#!/bin/bash\nif : < /dev/tcp/pypi.org/443; " + pay)
+    write_task_dir(s, "needs-tool", test_sh="#!/bin/bash\nif jaxrl-no-such-tool-uvx pytest /tests; " + pay)
+    write_task_dir(s, "fine")
+    checks = {c.task_name: c for c in check_tasks(load_task_set(s), concurrency=3)}
+    assert checks["test/fine"].passed
+    net = checks["test/needs-net"].problems
+    assert len(net) == 1 and net[0].startswith("oracle: reward 0 (ok), expected reward 1; verifier exit 1: the "
+                                               "verifier needs the network"), net
+    assert "pypi.org" in net[0]  # the line of the verifier's output that shows it is quoted
+    tool = checks["test/needs-tool"].problems
+    assert len(tool) == 1 and ("verifier exit 1: the verifier runs `jaxrl-no-such-tool-uvx`, which the task's "
+                               "environment does not have") in tool[0], tool
+    table = format_check_table(list(checks.values()))
+    assert "1/3 tasks pass the gate" in table and "needs the network" in table
 
 
 def test_cli(tmp_path):

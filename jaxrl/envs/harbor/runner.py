@@ -25,6 +25,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import os
+import re
 import tempfile
 import threading
 import traceback
@@ -177,6 +178,45 @@ class TaskCheck:
         return not self.problems
 
 
+# What a verifier's output says about why it could not run, most basic cause first (a verifier that
+# downloads its test tools fails to resolve the host, then fails to find the tool).
+_VERIFIER_CAUSES = (
+    (re.compile(r"Could not resolve host|Temporary failure in name resolution|Name or service not known|"
+                r"Network is unreachable|Failed to establish a new connection|getaddrinfo failed"),
+     "the verifier needs the network, which the sandbox does not give (no network unless the task sets "
+     "allow_internet): install its tools in the task's environment instead"),
+    (re.compile(r"(?m)([\w./+-]+): (?:command )?not found\s*$"),
+     "the verifier runs `{0}`, which the task's environment does not have"),
+    (re.compile(r"No module named '?([\w.]+)'?"),
+     "the verifier's Python has no module `{0}`"),
+    (re.compile(r"are you root\?|Permission denied"),
+     "the verifier needs a permission the sandbox does not give (it runs as an unprivileged user)"),
+)
+
+
+def verifier_cause(r: TrialResult) -> str:
+    """Why a verifier that ran to the end paid what it paid, from its exit status and the tail of its
+    output (`test-stdout.txt`): a missing network, program, Python module or permission when the
+    output shows one (with the line that shows it), else the output's last line.
+
+    Returns:
+      One line, e.g. "verifier exit 127: the verifier runs `uvx`, which the task's environment does not
+      have (`/tests/test.sh: line 3: uvx: command not found`)"; "" when the verifier did not run.
+    """
+    if r.verifier_exit_code is None and not r.test_output:
+        return ""
+    head = f"verifier exit {r.verifier_exit_code}" if r.verifier_exit_code is not None else "verifier"
+    lines = [ln.strip() for ln in r.test_output.splitlines() if ln.strip()]
+    for pattern, why in _VERIFIER_CAUSES:
+        for ln in lines:
+            m = pattern.search(ln)
+            if m:
+                return f"{head}: {why.format(*m.groups())} (`{ln[:120]}`)"
+    if not lines:
+        return f"{head}, no output"
+    return f"{head}, its output ends `{lines[-1][:120]}`"
+
+
 def _describe(r: TrialResult) -> str:
     s = f"reward {r.reward:g} ({r.outcome})"
     if r.error and r.outcome != Outcome.OK:
@@ -205,7 +245,8 @@ def check_tasks(tasks: Sequence[HarborTask], *, config: TrialConfig = TrialConfi
         if oracle is None:
             problems.append("no oracle (solution/solve.sh)")
         elif not (oracle.outcome == Outcome.OK and oracle.reward == 1.0):
-            problems.append(f"oracle: {_describe(oracle)}, expected reward 1")
+            cause = verifier_cause(oracle) if oracle.outcome == Outcome.OK else ""
+            problems.append(f"oracle: {_describe(oracle)}, expected reward 1" + (f"; {cause}" if cause else ""))
         if not (empty.outcome == Outcome.OK and empty.reward == 0.0):
             hint = " (inverted verifier?)" if empty.reward > 0 else ""
             problems.append(f"empty agent: {_describe(empty)}, expected reward 0{hint}")

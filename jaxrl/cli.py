@@ -289,6 +289,11 @@ def flag_error_line(e: BaseException, argv: Sequence[str], flag: str = "config",
             return (f"unknown config key `{key}` (in {arg}); {config_lib.unknown_key_hint(key, leaves)} "
                     f"List the keys with: {list_cmd}")
         msg = _library_message(e)
+        m = re.match(rf"Missing value for flag --{re.escape(flag)}\.(\S+)$", msg)
+        if m and m.group(1) in leaves:
+            key = m.group(1)
+            return (f"--{flag}.{key} needs a value ({has} {leaves[key]!r}). "
+                    f"Fix: --{flag}.{key}=VALUE, e.g. --{flag}.{key}={leaves[key]!r}")
         m = re.match(rf"flag --{re.escape(flag)}\.([^=]+)=", msg)
         if m and (m.group(1) in leaves or m.group(1) in sections):
             key = m.group(1)
@@ -301,7 +306,11 @@ def flag_error_line(e: BaseException, argv: Sequence[str], flag: str = "config",
             want = config_lib.key_type(key, current)
             return (f"config key `{key}`: {value!r} is not a valid {want} value ({has} {current!r}). "
                     f"Fix: e.g. --{flag}.{key}={current!r}")
-    return _library_message(e)
+    msg = _library_message(e)
+    m = re.match(r"Missing value for flag (--\S+)$", msg)
+    if m:
+        return f"{m.group(1)} needs a value. Fix: {m.group(1)}=VALUE"
+    return msg
 
 
 def _library_message(e: BaseException) -> str:

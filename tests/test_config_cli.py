@@ -142,6 +142,17 @@ def test_bad_config_flags_are_one_line_with_the_full_key(tmp_path, arg, expected
     assert not wd.exists()
 
 
+@pytest.mark.parametrize("arg,expected", [
+    ("--config.trainer.num_steps", "error: --config.trainer.num_steps needs a value (the recipe has 60). Fix: "
+                                   "--config.trainer.num_steps=VALUE, e.g. --config.trainer.num_steps=60\n"),
+    ("--workdir", "error: --workdir needs a value. Fix: --workdir=VALUE\n"),
+])
+def test_a_flag_without_its_value_says_how_to_give_one(arg, expected):
+    """The fresh-user review: absl's bare 'Missing value for flag' named no fix."""
+    out = _run("jaxrl.main", "--config=configs/rloo.py", arg)
+    assert out.returncode == 2 and out.stderr == expected, out.stderr
+
+
 @pytest.mark.parametrize("module", ["jaxrl.main", "jaxrl.plan"])
 def test_overrides_without_a_recipe_say_to_pass_one(tmp_path, module):
     """`--config.KEY=...` without `--config=` was absl's "Unknown command line flag 'config.KEY'"."""

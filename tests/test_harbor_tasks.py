@@ -131,7 +131,8 @@ def test_load_task_set_folder(tmp_path):
     (old / "run-tests.sh").write_text("#!/bin/sh\n")
     with pytest.raises(HarborTaskError, match=r"hello: a task in the older terminal-bench format \(task.yaml"):
         load_task_set(tmp_path / "oldtb")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=r"task set '.*nope' does not exist. Fix: pass a Harbor task "
+                                                r"directory, a folder of tasks or a DCAgent .parquet file$"):
         load_task_set(tmp_path / "nope")
 
 

@@ -424,7 +424,8 @@ def load_task_set(path: str | os.PathLike, *, extract_dir: str | os.PathLike | N
 
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"task set {str(path)!r} does not exist")
+        raise FileNotFoundError(f"task set {str(path)!r} does not exist. Fix: pass a Harbor task directory, a "
+                                "folder of tasks or a DCAgent .parquet file")
     if path.is_file():
         if path.suffix != ".parquet":
             raise HarborTaskError(f"{path}: a task set is a task directory, a folder of tasks or a .parquet file")

@@ -136,6 +136,11 @@ class Progress:
             self.bar.set_postfix(reward=f"{reward:.3f}", ema=f"{ema:.3f}", step_s=f"{seconds:.1f}")
         self.last = step
 
+    def note(self, text: str) -> None:
+        """Shows `text` after the bar until the next `update` (what the run is doing before a step ends)."""
+        if self.bar is not None:
+            self.bar.set_postfix_str(text)
+
     def close(self):
         if self.bar is not None:
             self.bar.close()

@@ -245,14 +245,17 @@ class Trainer:
             self.rollouts.after_load(version, self.state.step if steps_done is None else steps_done)
         self.timings["sync_weights"] = time.perf_counter() - t0
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, announce: str = "") -> dict[str, float]:
         """Held-out success rate (reward >= `trainer.success_threshold`) and mean reward of the
         served policy version (`evaluation.evaluate`; process 0 only: other processes, and runs
-        without eval prompts, get {})."""
+        without eval prompts, get {}). `announce`: what is evaluated, said on stderr first (with
+        the progress display on)."""
         tasks = self.prompts.eval_batch()
         self._eval_version, self._eval_result = self.state.policy_version, {}  # same on every process
         if not tasks or not self.is_main:
             return {}
+        if announce and self.progress:
+            print(f"jaxrl: evaluating {announce} on {len(tasks)} held-out prompts", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         result, _ = evaluation.evaluate(self.c, tasks, self.fleet.generate)
         self.timings["eval"] = time.perf_counter() - t0
@@ -289,6 +292,10 @@ class Trainer:
                       "see report.md. Raise --config.trainer.num_steps to continue training.", file=sys.stderr)
                 self.ckpt.close()
                 return done
+        if self.progress and self.is_main:  # what a launch does before its first step, which takes a while
+            what = "its last checkpoint" if latest is not None else "the policy"  # "resuming" is said once, below
+            print(f"jaxrl: {self.workdir} ({c.trainer.num_steps} RL steps): loading {what} and starting the "
+                  "rollout engine", file=sys.stderr, flush=True)
         with jax.set_mesh(self.mesh):
             _, init_params = hf_io.load_hf_checkpoint(self.model_dir, self.model_cfg,
                                                       shardings=self.state_param_sharding)
@@ -329,7 +336,7 @@ class Trainer:
             self.state.step = start
             self._publish(params, self.state.policy_version)
             if start == 0 and c.trainer.eval_before_train:
-                ev = self.evaluate()
+                ev = self.evaluate(announce="the starting policy")
                 if ev:
                     self.state.initial_eval = ev["eval/success_rate"]
                     logger.log_step(0, {**ev, "timing/eval": self.timings["eval"]})
@@ -341,6 +348,7 @@ class Trainer:
                                                pending=self.state.async_pending)
                                  if self.is_async else SyncRollouts(c, self.prompts, self.fleet))
             bar = Progress(start, c.trainer.num_steps, enabled=self.progress and self.is_main)
+            bar.note("first step: generating, then compiling the train step")  # the slowest step of a launch
             step = start
             for step in range(start + 1, c.trainer.num_steps + 1):
                 params, opt_state, m, trials, is_best = self._rl_step(step, params, opt_state)

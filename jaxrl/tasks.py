@@ -3,6 +3,7 @@
     python -m jaxrl.tasks check [PATH]         # the verifier sanity gate: oracle -> 1, empty agent -> 0
     python -m jaxrl.tasks list [PATH]          # tasks, profiles, timeouts (or why a task is invalid)
     python -m jaxrl.tasks run-oracle PATH --task NAME [--empty]   # one trial, with the verifier's output
+    python -m jaxrl.tasks funnel DIR [DIR ...] [--json OUT]      # how many tasks load, and why not, by cause
 
 PATH is a task directory, a folder of tasks or a DCAgent .parquet file; default: the shipped set.
 Exit status of `check`: 0 when every task passes, 1 when some fail, 2 when the set or the sandbox
@@ -136,6 +137,11 @@ def output_path_problem(args) -> str | None:
 
 
 def main(argv=None) -> int:
+    args_in = sys.argv[1:] if argv is None else list(argv)
+    if args_in[:1] == ["funnel"]:  # its own options (jaxrl/envs/harbor/funnel.py)
+        from jaxrl.envs.harbor import funnel
+
+        return funnel.main(args_in[1:])
     p = argparse.ArgumentParser(prog="python -m jaxrl.tasks", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -181,6 +187,9 @@ def main(argv=None) -> int:
     sp.add_argument("--task", default=None, help="the task name (or directory name)")
     sp.add_argument("--empty", action="store_true", help="run the empty agent instead of the oracle")
     sp.set_defaults(fn=cmd_run_oracle)
+
+    sub.add_parser("funnel", help="how many tasks of task collections load, and why the others do not, by cause "
+                                  "(python -m jaxrl.tasks funnel --help)")
 
     from jaxrl import cli
 

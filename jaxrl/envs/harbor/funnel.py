@@ -1,0 +1,168 @@
+"""The funnel of a task collection: how many tasks load, and why the others do not, by cause.
+
+    python -m jaxrl.tasks funnel PATH [PATH ...] [--json OUT]
+
+Every directory under PATH holding a `task.toml` is one task. Each is loaded as `jaxrl.tasks check`
+would load it (`task.load_task`); a refused task's message lists every blocker of its Dockerfile
+(`profiles.resolve_environment`), and each blocker is given one cause from `CAUSES` (the first
+pattern that matches). The report counts, per cause, the tasks it blocks at all, the tasks where it is
+the first blocker, and the tasks it alone blocks (fix that cause and they load). It is a measurement,
+not a gate: nothing is built or run.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+# (cause, pattern on one blocker's text); the first match names the blocker's cause.
+CAUSES: tuple[tuple[str, str], ...] = (
+    ("multi-stage build / COPY --from", r"multi-stage|flag --from"),
+    ("RUN mkdir outside /app", r"`RUN [^`]*`: /\S* is outside /app"),
+    ("WORKDIR outside /app", r"`WORKDIR [^`]*`: /\S* is outside /app"),
+    ("COPY/ADD outside /app", r"`(COPY|ADD) [^`]*`: /\S* is outside /app"),
+    ("download at build time (curl/wget/git)", r"command `(curl|wget|git)`"),
+    ("file written by a shell command (echo/printf/cat/sed/tee/chmod/cp/mv/ln/touch)",
+     r"command `(echo|printf|cat|sed|tee|chmod|chown|cp|mv|ln|touch|rm|tar|unzip)`"),
+    ("language tool at build time (python/R/npm/gem/cargo/go/make)",
+     r"command `(python\S*|R|Rscript|npm|npx|gem|cargo|go|make|cmake|gcc|g\+\+|node|uv|pip\S*|conda)`"),
+    ("apt repository setup", r"command `(add-apt-repository|apt-key|gpg|dpkg)`|apt subcommand"),
+    ("other RUN command", r"command `[^`]+`"),
+    ("heredoc in RUN", r"heredocs"),
+    ("pip package the host lacks", r"pip package '[^']+' cannot be imported"),
+    ("pip -r / --index-url / -e", r"pip option"),
+    ("pip package not from PyPI", r"pip package `"),
+    ("apt package the host lacks", r"apt package '[^']+' is (not installed on this host|unknown)"),
+    ("no profile with Python", r"has no Python"),
+    ("base image without a profile", r"base image .* has no sandbox profile"),
+    ("USER other than root", r"one unprivileged user"),
+    ("SHELL other than sh/bash", r"SHELL"),
+    ("COPY source missing / outside the context", r"does not exist in the build context|outside the build context"),
+    ("remote ADD / archive ADD", r"remote source|ADD of archive"),
+    ("no Dockerfile / docker-compose", r"no Dockerfile|docker-compose"),
+    ("task.toml field refused", r"task\.toml"),
+)
+_PATTERNS = tuple((c, re.compile(p)) for c, p in CAUSES)
+OTHER = "other"
+
+
+def cause_of(blocker: str) -> str:
+    """The `CAUSES` name of one blocker's text ("line N: `instr`: why"), or "other"."""
+    return next((c for c, p in _PATTERNS if p.search(blocker)), OTHER)
+
+
+def split_blockers(message: str) -> list[str]:
+    """The blockers in a refusal message: "(1) ...; (2) ..." items, or the message itself."""
+    items = re.split(r"(?:^|; )\(\d+\) ", message.split(" problems for the local sandbox: ", 1)[-1])
+    items = [i for i in items if i.strip()]
+    if " problems for the local sandbox: " not in message:
+        return [message]
+    # a profile problem lists several "profile 'x': line N: ..." parts joined by "; ": one item each
+    out = []
+    for it in items:
+        if it.startswith("no sandbox profile provides this environment: "):
+            out.extend(x for x in it.split(": ", 1)[1].split("; ") if x)
+        else:
+            out.append(it)
+    return out
+
+
+@dataclasses.dataclass
+class TaskLoad:
+    """One task's load: its path, whether it loaded, and its blockers with their causes."""
+
+    path: str
+    loaded: bool
+    blockers: list[str]
+    causes: list[str]
+
+
+def find_tasks(roots: Iterable[str | os.PathLike]) -> list[Path]:
+    """Every directory under `roots` that holds a task.toml, sorted (a task inside a task is not searched)."""
+    found = []
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            if "task.toml" in filenames:
+                found.append(Path(dirpath))
+                dirnames[:] = []
+            dirnames.sort()
+    return sorted(found)
+
+
+def load_stage(tasks: Sequence[Path]) -> list[TaskLoad]:
+    """Loads every task (`load_task`) and records why each refused one was refused."""
+    from jaxrl.envs.harbor.errors import HarborTaskError
+    from jaxrl.envs.harbor.task import load_task
+
+    out = []
+    for t in tasks:
+        try:
+            load_task(t)
+            out.append(TaskLoad(str(t), True, [], []))
+        except (HarborTaskError, OSError, ValueError) as e:
+            msg = str(e)
+            if msg.startswith(str(t.resolve())):
+                msg = msg[len(str(t.resolve())):].lstrip(": ")
+            blockers = split_blockers(msg)
+            out.append(TaskLoad(str(t), False, blockers, [cause_of(b) for b in blockers]))
+    return out
+
+
+def summarize(loads: Sequence[TaskLoad]) -> dict:
+    """Counts per cause: tasks blocked by it at all, as their first blocker, and by it alone."""
+    any_, first, alone = collections.Counter(), collections.Counter(), collections.Counter()
+    for ld in loads:
+        if ld.loaded:
+            continue
+        kinds = list(dict.fromkeys(ld.causes))
+        any_.update(kinds)
+        first[ld.causes[0]] += 1
+        if len(kinds) == 1:
+            alone[kinds[0]] += 1
+    return {"tasks": len(loads), "loaded": sum(ld.loaded for ld in loads),
+            "causes": {c: {"tasks": any_[c], "first": first[c], "alone": alone[c]}
+                       for c, _ in sorted(any_.items(), key=lambda kv: (-kv[1], kv[0]))}}
+
+
+def format_summary(name: str, s: dict) -> str:
+    """The funnel as a plain-text table."""
+    n, ok = s["tasks"], s["loaded"]
+    lines = [f"{name}: {n} tasks, {ok} load ({100 * ok / max(n, 1):.1f}%), {n - ok} refused",
+             f"  {'cause':<72} {'tasks':>6} {'first':>6} {'alone':>6}"]
+    for c, v in s["causes"].items():
+        lines.append(f"  {c:<72} {v['tasks']:>6} {v['first']:>6} {v['alone']:>6}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m jaxrl.tasks funnel", description=__doc__.split("\n\n")[0])
+    p.add_argument("paths", nargs="+", help="folders searched for task directories (each a collection)")
+    p.add_argument("--json", help="write every task's load, blockers and causes here")
+    args = p.parse_args(argv)
+    missing = [x for x in args.paths if not os.path.isdir(x)]
+    if missing:
+        print(f"error: {missing[0]} is not a directory. Fix: pass folders that hold task directories", file=sys.stderr)
+        return 2
+    report, every = {}, []
+    for root in args.paths:
+        loads = load_stage(find_tasks([root]))
+        s = summarize(loads)
+        report[root] = s
+        every.extend(loads)
+        print(format_summary(root, s))
+    if len(args.paths) > 1:
+        print(format_summary("all", summarize(every)))
+    if args.json:
+        from jaxrl.fileio import atomic_write_json
+
+        atomic_write_json(args.json, {"summary": report, "tasks": [dataclasses.asdict(x) for x in every]})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -258,9 +258,13 @@ class BuildahBuilder(Builder):
         argv = [self.exe, "bud", "--isolation", "chroot", "--pull=true" if pull else "--pull=never", "--layers=false",
                 "-t", tag, "-f", os.path.join(context, "Dockerfile")]
         if os.path.isfile(HOST_CA):
-            # pip in RUN steps verifies against the host's CA bundle; the variable is not kept in the image.
-            argv += ["-v", f"{HOST_CA}:/run/host-ca.crt:ro", "--env", "PIP_CERT=/run/host-ca.crt",
-                     "--unsetenv", "PIP_CERT"]
+            # pip in RUN steps verifies against the host's CA bundle. buildah 1.28's --env reaches only the
+            # committed image (and --unsetenv hides it from RUN too), so a pip config file bound for the build
+            # names it; neither file stays in the image (an empty /etc/xdg/pip directory does).
+            conf = os.path.join(os.path.dirname(log_path), "pip-host-ca.conf")
+            if not os.path.isfile(conf):
+                _atomic_write(Path(conf), "[global]\ncert = /run/host-ca.crt\n")
+            argv += ["-v", f"{HOST_CA}:/run/host-ca.crt:ro", "-v", f"{conf}:/etc/xdg/pip/pip.conf:ro"]
         for v in self.volumes:
             argv += ["-v", v]
         argv.append(context)

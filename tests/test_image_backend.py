@@ -95,7 +95,6 @@ def stand_in():
         c = _buildah("from", "scratch")
         try:
             _buildah("add", c, str(tar), "/")
-            os.chmod(_buildah("mount", c), 0o755)  # a scratch container's root is 0555; images' is 0755
             _buildah("commit", "-q", c, STAND_IN)
         finally:
             _buildah("rm", c, check=False)

@@ -463,3 +463,21 @@ def test_dockerfile_bases():
     text = "ARG V=3.12\nFROM python:${V}-slim AS build\nRUN x\nFROM build\nFROM --platform=linux/amd64 ubuntu:24.04\n" \
            "COPY --from=build /a /a\n"
     assert dockerfile_bases(text) == ["python:3.12-slim", "ubuntu:24.04"]
+
+
+def test_config_keys_are_validated_with_one_line_errors():
+    from jaxrl import config as config_lib
+
+    c = config_lib.base_config()
+    assert c.harbor.environment_backend == "profile"
+    for key, bad, words in (("environment_backend", "docker", "use 'profile', 'image' or 'auto'"),
+                            ("base_images", ("ubuntu:24.04",), "not 'FROM name=local image'"),
+                            ("build_concurrency", 0, ">= 1"), ("image_cache_max_mb", -5, "positive")):
+        c2 = config_lib.base_config()
+        c2.harbor[key] = bad
+        with pytest.raises(config_lib.ConfigError) as e:
+            config_lib._validate_harbor(c2, False)
+        assert f"harbor.{key}" in str(e.value) and words in str(e.value) and "\n" not in str(e.value)
+    c.harbor.base_images = ("ubuntu:24.04=" + STAND_IN,)
+    config_lib._validate_harbor(c, False)
+    assert config_lib.image_cache_config(c.harbor).base_images == BASE_MAP

@@ -44,8 +44,7 @@ from typing import Optional, Sequence
 
 from jaxrl.envs.harbor.errors import SandboxError
 from jaxrl.envs.harbor.profiles import EnvironmentSpec
-from jaxrl.envs.harbor.sandbox import (SANDBOX_HOME, Limits, Sandbox, SandboxConfig, _profile_dir, _root_links,
-                                       disk_usage, remove_tree)
+from jaxrl.envs.harbor.sandbox import Limits, Sandbox, SandboxConfig, _profile_dir, disk_usage
 
 log = logging.getLogger(__name__)
 

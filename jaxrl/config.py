@@ -145,6 +145,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.harbor.max_output_bytes = 10000  # terminal output per observation, head and tail kept (Terminus: 10 kB)
     c.harbor.concurrency = 0  # threads driving the trials of a step; 0 = one per trial, up to max(16, 8 x cores)
     c.harbor.keep_trial_logs = False  # keep each trial's logs/ and result.json under workdir/trials/
+    c.harbor.environment_backend = "profile"  # profile (read the Dockerfile on host profiles) | image (build it) | auto
+    c.harbor.base_images = ()  # "FROM name=local image" entries for the image backend (nothing is pulled)
+    c.harbor.image_cache_max_mb = 20480  # built task images kept; least recently used ones above it are removed
+    c.harbor.build_concurrency = 1  # image builds at once (1 fits 2 cores)
+    c.harbor.image_cache_dir = ""  # index, build locks and logs of the image cache; "" = ~/.cache/jaxrl/images
 
     # ---- trainer --------------------------------------------------------------------------
     c.trainer = ml_collections.ConfigDict()
@@ -351,6 +356,11 @@ KEY_DOCS: dict[str, str] = {
     "harbor.max_output_bytes": "terminal output bytes per observation, head and tail kept (Terminus: 10000)",
     "harbor.concurrency": "threads driving the trials of a step; 0 = one per trial, up to max(16, 8 x cores)",
     "harbor.keep_trial_logs": "keep each trial's logs/ and result.json under workdir/trials/",
+    "harbor.environment_backend": "task environments: profile (Dockerfile read on host profiles) | image (built) | auto",
+    "harbor.base_images": "image backend: 'FROM name=local image' entries mapping base images (nothing is pulled)",
+    "harbor.image_cache_max_mb": "image backend: MB of built task images kept (least recently used removed above it)",
+    "harbor.build_concurrency": "image backend: image builds at once",
+    "harbor.image_cache_dir": "image backend: index, locks and build logs; '' = ~/.cache/jaxrl/images",
     # trainer
     "trainer.num_steps": "RL steps (one rollout batch each); raise it and rerun to continue a finished run",
     "trainer.train_batch_size": "prompts per RL step, each sampled n_samples_per_prompt times",
@@ -1171,6 +1181,31 @@ def _is_harbor_run(c: ml_collections.ConfigDict) -> bool:
     return is_task_set(c.data.dataset_path)
 
 
+def base_image_pairs(entries) -> tuple:
+    """`harbor.base_images` ("name=local image" strings) as ((name, local image), ...).
+
+    Raises:
+      ValueError: an entry is not a string of that form.
+    """
+    if isinstance(entries, str):
+        entries = (entries,)
+    out = []
+    for e in entries or ():
+        name, eq, local = str(e).partition("=") if isinstance(e, str) else ("", "", "")
+        if not (eq and name.strip() and local.strip()):
+            raise ValueError(f"entry {e!r} is not 'FROM name=local image'")
+        out.append((name.strip(), local.strip()))
+    return tuple(out)
+
+
+def image_cache_config(h):
+    """The `images.ImageCacheConfig` of the `harbor.*` image-backend keys."""
+    from jaxrl.envs.harbor.images import ImageCacheConfig
+
+    return ImageCacheConfig(base_images=base_image_pairs(h.base_images), cache_dir=h.image_cache_dir or None,
+                            max_mb=int(h.image_cache_max_mb), build_concurrency=int(h.build_concurrency))
+
+
 def _validate_harbor(c: ml_collections.ConfigDict, check_inputs: bool) -> None:
     """The `harbor.*` keys and the Harbor-only `data.*` keys."""
     from jaxrl.envs.harbor.agent import PROMPT_STYLES
@@ -1207,6 +1242,18 @@ def _validate_harbor(c: ml_collections.ConfigDict, check_inputs: bool) -> None:
              "use 10000 (Terminus)")
     _require(int(h.concurrency) >= 0, "harbor.concurrency", f"{h.concurrency!r} must be >= 0",
              "use 0 (one thread per trial, up to max(16, 8 x cores)) or a thread count")
+    _require(h.environment_backend in ("profile", "image", "auto"), "harbor.environment_backend",
+             f"{h.environment_backend!r} is not a backend", "use 'profile', 'image' or 'auto'")
+    try:
+        base_image_pairs(h.base_images)
+    except ValueError as e:
+        raise ConfigError("harbor.base_images", str(e), "use entries like 'ubuntu:24.04=localhost/debian-stand-in:bookworm'") from None
+    _require(isinstance(h.image_cache_max_mb, int) and h.image_cache_max_mb > 0, "harbor.image_cache_max_mb",
+             f"{h.image_cache_max_mb!r} must be a positive integer", "use 20480 (20 GB) or the disk you can spare")
+    _require(isinstance(h.build_concurrency, int) and h.build_concurrency >= 1, "harbor.build_concurrency",
+             f"{h.build_concurrency!r} must be an integer >= 1", "use 1 on small machines")
+    _require(isinstance(h.image_cache_dir, str), "harbor.image_cache_dir", f"{h.image_cache_dir!r} is not a path",
+             "use '' (~/.cache/jaxrl/images) or a directory")
     _require(isinstance(d.verify_tasks, bool), "data.verify_tasks", "must be True or False",
              "use True to gate Harbor tasks before training")
     _require(c.generator.max_input_tokens >= 0, "generator.max_input_tokens",

@@ -26,12 +26,27 @@ def _trial_config(args, keep: str) -> TrialConfig:
     sb = SandboxConfig(backend=UNSAFE_HOST_BACKEND if args.UNSAFE_no_sandbox else "bwrap",
                        limits_backend=args.limits, host_uid=args.host_uid)
     return TrialConfig(agent_timeout_sec=args.agent_timeout, verifier_timeout_sec=args.verifier_timeout,
-                       sandbox=sb, keep=keep, stop_agent_processes=args.stop_agent_processes)
+                       sandbox=sb, keep=keep, stop_agent_processes=args.stop_agent_processes,
+                       images=_image_config(args))
+
+
+def _image_config(args):
+    from jaxrl.config import base_image_pairs
+    from jaxrl.envs.harbor.images import ImageCacheConfig
+
+    return ImageCacheConfig(base_images=base_image_pairs(args.base_image or ()), cache_dir=args.image_cache_dir,
+                            max_mb=args.image_cache_max_mb, build_concurrency=args.build_concurrency)
+
+
+def _backend_line(tasks) -> str:
+    n = sum(t.environment.profile == "image" for t in tasks)
+    return f"environments: {len(tasks) - n} on host profiles, {n} built as images"
 
 
 def _load(args):
     errors: list = []
-    tasks = load_task_set(args.path, extract_dir=args.extract_dir, skip_invalid=args.skip_invalid, errors=errors)
+    tasks = load_task_set(args.path, extract_dir=args.extract_dir, skip_invalid=args.skip_invalid, errors=errors,
+                          environment_backend=args.environment_backend)
     for src, msg in errors:
         print(f"invalid task skipped: {msg}", file=sys.stderr)
     return tasks
@@ -71,7 +86,8 @@ def cmd_check(args) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     n = args.concurrency or default_concurrency()
-    print(f"checking {len(tasks)} tasks from {args.path} ({n} trials at a time)...", file=sys.stderr)
+    print(f"checking {len(tasks)} tasks from {args.path} ({n} trials at a time; {_backend_line(tasks)})...",
+          file=sys.stderr)
     t0 = time.monotonic()
     checks = check_tasks(tasks, config=config, concurrency=n, trials_dir=args.trials_dir)
     dt = time.monotonic() - t0
@@ -88,7 +104,8 @@ def cmd_check(args) -> int:
 
 def cmd_list(args) -> int:
     errors: list = []
-    tasks = load_task_set(args.path, extract_dir=args.extract_dir, skip_invalid=True, errors=errors)
+    tasks = load_task_set(args.path, extract_dir=args.extract_dir, skip_invalid=True, errors=errors,
+                          environment_backend=args.environment_backend)
     w = max([len("task")] + [len(t.name) for t in tasks])
     print(f"{'task':<{w}}  {'profile':<7}  {'agent s':>7}  {'verif s':>7}  {'mem MB':>6}  oracle  family")
     for t in tasks:
@@ -97,7 +114,7 @@ def cmd_list(args) -> int:
               f"{t.config.memory_mb:>6}  {'yes' if t.has_oracle else 'no':<6}  {t.config.metadata.get('family', '')}")
     for src, msg in errors:
         print(f"INVALID {msg}")
-    print(f"{len(tasks)} valid tasks, {len(errors)} invalid", file=sys.stderr)
+    print(f"{len(tasks)} valid tasks, {len(errors)} invalid; {_backend_line(tasks)}", file=sys.stderr)
     return 0 if not errors else 1
 
 
@@ -152,6 +169,9 @@ def main(argv=None) -> int:
         sp.add_argument("--skip-invalid", action="store_true", help="skip invalid tasks (reported) instead of failing")
         sp.add_argument("--extract-dir", default=None,
                         help="where a .parquet set is unpacked (default: <file>.parquet.tasks/ next to it)")
+        sp.add_argument("--environment-backend", choices=("profile", "image", "auto"), default="profile",
+                        help="profile: read Dockerfiles on host profiles (default); image: build them (buildah); "
+                             "auto: profile when the Dockerfile loads as one, else image")
 
     def trial_opts(sp):
         sp.add_argument("--agent-timeout", type=float, default=None, help="agent budget, s (default: task.toml)")
@@ -161,6 +181,13 @@ def main(argv=None) -> int:
         sp.add_argument("--host-uid", type=int, default=None,
                         help="as root: run sandboxes as this unprivileged host uid (needed for rlimits as root)")
         sp.add_argument("--trials-dir", default=None, help="keep the trial directories here")
+        sp.add_argument("--base-image", action="append", metavar="NAME=LOCAL",
+                        help="image backend: build FROM NAME on the local image LOCAL (repeatable; nothing is pulled)")
+        sp.add_argument("--image-cache-dir", default=None, help="image backend: index, locks and build logs "
+                        "(default: ~/.cache/jaxrl/images)")
+        sp.add_argument("--image-cache-max-mb", type=int, default=20480,
+                        help="image backend: MB of built images kept (least recently used removed above it)")
+        sp.add_argument("--build-concurrency", type=int, default=1, help="image backend: builds at once")
         sp.add_argument("--stop-agent-processes", action="store_true",
                         help="kill the agent's (oracle's) processes before the verifier runs (default: they keep "
                              "running through verification, as in Harbor)")

@@ -50,7 +50,8 @@ class HarborTasks:
         atexit.register(shutil.rmtree, self.tasks_dir, True)
         try:
             train, held = split_tasks(c.data.dataset_path, c.data.eval_dataset_path, c.data.eval_fraction,
-                                      c.data.eval_split_seed, self.tasks_dir)
+                                      c.data.eval_split_seed, self.tasks_dir,
+                                      environment_backend=str(c.harbor.environment_backend))
         except (HarborTaskError, FileNotFoundError) as e:
             key = "data.eval_dataset_path" if c.data.eval_dataset_path and c.data.eval_dataset_path in str(e) \
                 else "data.dataset_path"
@@ -86,7 +87,7 @@ class HarborTasks:
         Raises:
           ConfigError: every training task fails the gate.
         """
-        trial = TrialConfig(keep="none", sandbox=SandboxConfig())
+        trial = TrialConfig(keep="none", sandbox=SandboxConfig(), images=config_lib.image_cache_config(self.c.harbor))
         kept_train, failed_train = gate_tasks(self.train_harbor, os.path.join(workdir, "task_gate.json"),
                                               config=trial, concurrency=self.concurrency(len(self.train_harbor)))
         kept_eval, failed_eval = gate_tasks(self.eval_harbor, os.path.join(workdir, "task_gate.json"),
@@ -128,6 +129,7 @@ class HarborTasks:
                             command_timeout_sec=float(h.command_timeout_sec),
                             keep="logs" if h.keep_trial_logs else "none",
                             stop_agent_processes=bool(h.stop_agent_processes),
+                            images=config_lib.image_cache_config(h),
                             # terminus-2 sees a real tmux pane, as in Harbor; the compact policy its pty shell
                             terminal="tmux" if h.prompt_style == "terminus-2" else "pty")
         trials_dir = os.path.join(workdir, "trials")  # created by the first trial

@@ -59,12 +59,13 @@ def spec_exists(spec: str) -> bool:
         return False
 
 
-def load_spec(spec: str, tasks_dir: str | os.PathLike) -> list[HarborTask]:
+def load_spec(spec: str, tasks_dir: str | os.PathLike, environment_backend: str = "profile") -> list[HarborTask]:
     """The tasks of one `dataset_path` value (module docstring), sorted by name.
 
     Args:
       spec: a path or a family spec.
       tasks_dir: where family tasks are written and Parquet tasks unpacked (one subfolder per spec).
+      environment_backend: `harbor.environment_backend` ("profile" | "image" | "auto", as `load_task`).
 
     Raises:
       FileNotFoundError: the path does not exist.
@@ -82,14 +83,15 @@ def load_spec(spec: str, tasks_dir: str | os.PathLike) -> list[HarborTask]:
         shutil.rmtree(tmp, ignore_errors=True)
         generate_tasks(name, seeds, tmp)
         os.replace(tmp, out)
-        return load_task_set(out)
+        return load_task_set(out, environment_backend=environment_backend)
     if os.path.isfile(spec):
-        return load_task_set(spec, extract_dir=out)
-    return load_task_set(spec)
+        return load_task_set(spec, extract_dir=out, environment_backend=environment_backend)
+    return load_task_set(spec, environment_backend=environment_backend)
 
 
 def split_tasks(train_spec: str, eval_spec: str, eval_fraction: float, split_seed: int,
-                tasks_dir: str | os.PathLike) -> tuple[list[HarborTask], list[HarborTask]]:
+                tasks_dir: str | os.PathLike, environment_backend: str = "profile"
+                ) -> tuple[list[HarborTask], list[HarborTask]]:
     """(train tasks, held-out tasks) of a Harbor run (module docstring).
 
     Args:
@@ -100,6 +102,7 @@ def split_tasks(train_spec: str, eval_spec: str, eval_fraction: float, split_see
       split_seed: `data.eval_split_seed`: the held-out tasks are the first of the tasks sorted by
         sha256("<seed>:<task name>") (the rule of `jaxrl.envs.splits.heldout_split`).
       tasks_dir: where family tasks are written and Parquet tasks unpacked.
+      environment_backend: `harbor.environment_backend`, as `load_spec`.
     Returns:
       the training tasks sorted by name, and the held-out tasks (sorted by name for `eval_spec`, in
       split order otherwise).
@@ -107,9 +110,9 @@ def split_tasks(train_spec: str, eval_spec: str, eval_fraction: float, split_see
       HarborTaskError: an invalid task or spec, a held-out set overlapping the training set, or a
         training set of one task with a held-out share asked for.
     """
-    train = load_spec(train_spec, tasks_dir)
+    train = load_spec(train_spec, tasks_dir, environment_backend)
     if eval_spec:
-        held = load_spec(eval_spec, tasks_dir)
+        held = load_spec(eval_spec, tasks_dir, environment_backend)
         overlap = sorted({t.name for t in train} & {t.name for t in held})
         if overlap:
             raise HarborTaskError(f"data.eval_dataset_path {eval_spec!r} shares {len(overlap)} task(s) with "

@@ -869,8 +869,9 @@ class Sandbox:
         self.config = config
         self.allow_internet = allow_internet
         self.limits_backend = check_sandbox(config)
-        self.profile = get_profile(environment.profile)
-        self.python = find_python(config.python) if self.profile.python else None
+        # "image": the task's own built image (images.ImageSandbox), no host profile
+        self.profile = get_profile(environment.profile) if environment.profile != "image" else None
+        self.python = find_python(config.python) if self.profile is not None and self.profile.python else None
         self._procs: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
         self._closed = False

@@ -51,6 +51,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from jaxrl.envs.harbor.errors import HarborTaskError
+import logging
+
+_log = logging.getLogger(__name__)
 from jaxrl.envs.harbor.profiles import EnvironmentSpec, resolve_environment
 
 REQUIRED_FILES = ("instruction.md", "task.toml", "environment", "tests/test.sh")
@@ -350,12 +353,19 @@ def strip_canary(text: str) -> str:
     return "\n".join(lines[i:])
 
 
-def load_task(path: str | os.PathLike, *, source: str = "") -> HarborTask:
+def load_task(path: str | os.PathLike, *, source: str = "", environment_backend: str = "profile") -> HarborTask:
     """Loads and validates one Harbor task directory.
 
     Checks Harbor's validity rule (`instruction.md`, `task.toml`, `environment/`, `tests/test.sh`),
     parses task.toml, resolves the environment to a sandbox profile (`profiles.resolve_environment`)
     and rejects symlinks that leave the task.
+
+    Args:
+      path: the task directory.
+      source: label for messages (default: the path).
+      environment_backend: "profile" (read the Dockerfile against host profiles), "image" (build it:
+        `images.py`; the environment's profile is then "image") or "auto" (profile when the Dockerfile
+        loads as one, else image).
 
     Raises:
       HarborTaskError: naming the task path and the missing or invalid piece.
@@ -377,14 +387,34 @@ def load_task(path: str | os.PathLike, *, source: str = "") -> HarborTask:
     instruction = (p / "instruction.md").read_text(encoding="utf-8")
     if not instruction.strip():
         raise HarborTaskError(f"{where}: instruction.md is empty")
-    environment = resolve_environment(p / "environment", config.docker_image, where=f"{where}/environment")
-    if config.environment_env or config.workdir:
+    environment = _environment(p, config, where, environment_backend)
+    if environment.profile != "image" and (config.environment_env or config.workdir):
         environment = dataclasses.replace(
             environment, env=tuple(environment.env) + tuple(config.environment_env.items()),
             workdir=config.workdir or environment.workdir)
     instruction = strip_canary(instruction)
     return HarborTask(name=config.name or p.name, path=p, instruction=instruction, config=config,
                       environment=environment, source=where)
+
+
+def _environment(p: Path, config: TaskConfig, where: str, backend: str):
+    from jaxrl.envs.harbor.images import BACKENDS, image_spec
+    from jaxrl.envs.harbor.errors import UnsupportedEnvironmentError
+
+    if backend not in BACKENDS:
+        raise HarborTaskError(f"harbor.environment_backend={backend!r}: use one of {list(BACKENDS)}")
+    if backend == "image":
+        spec = image_spec(p / "environment", config, f"{where}/environment")
+    else:
+        try:
+            spec = resolve_environment(p / "environment", config.docker_image, where=f"{where}/environment")
+        except UnsupportedEnvironmentError as e:
+            if backend == "profile":
+                raise
+            _log.info("task %s: the profile path refuses it (%s); building its image", where, e)
+            spec = image_spec(p / "environment", config, f"{where}/environment")
+    _log.info("task %s: environment backend %s", where, "image" if spec.profile == "image" else f"profile {spec.profile}")
+    return spec
 
 
 def find_task_dirs(root: str | os.PathLike) -> list[Path]:
@@ -403,7 +433,8 @@ def find_task_dirs(root: str | os.PathLike) -> list[Path]:
 
 
 def load_task_set(path: str | os.PathLike, *, extract_dir: str | os.PathLike | None = None,
-                  skip_invalid: bool = False, errors: list | None = None) -> list[HarborTask]:
+                  skip_invalid: bool = False, errors: list | None = None,
+                  environment_backend: str = "profile") -> list[HarborTask]:
     """Loads a task set: one task directory, a folder of tasks, or a DCAgent `.parquet` file.
 
     Args:
@@ -412,6 +443,7 @@ def load_task_set(path: str | os.PathLike, *, extract_dir: str | os.PathLike | N
       skip_invalid: drop invalid tasks instead of raising; each is logged and, if `errors` is given,
         appended to it as `(source, message)`.
       errors: see `skip_invalid`.
+      environment_backend: "profile" | "image" | "auto", as `load_task`.
 
     Returns:
       The tasks, sorted by name (names must be unique).
@@ -445,7 +477,7 @@ def load_task_set(path: str | os.PathLike, *, extract_dir: str | os.PathLike | N
     tasks = []
     for d, src in dirs:
         try:
-            tasks.append(load_task(d, source=src))
+            tasks.append(load_task(d, source=src, environment_backend=environment_backend))
         except HarborTaskError as e:
             if not skip_invalid:
                 raise

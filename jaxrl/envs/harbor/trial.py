@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from jaxrl.envs.harbor.errors import AgentTimeoutError, SandboxError
+from jaxrl.envs.harbor.images import IMAGE_PROFILE, ImageCacheConfig, ImageSandbox, image_cache
 from jaxrl.envs.harbor.sandbox import Limits, RunResult, Sandbox, SandboxConfig, read_file_nofollow, remove_tree
 from jaxrl.envs.harbor.task import HarborTask
 from jaxrl.envs.harbor.terminal import Terminal, TmuxTerminal
@@ -124,6 +125,8 @@ class TrialConfig:
       stop_agent_processes: kill the agent's processes (its shell, background jobs) when the agent
         phase ends, before the verifier runs. Default False, as Harbor: they keep running through
         verification (a task may ask for a running process) and die at `close()`.
+      images: the image cache of tasks on the image backend (`images.ImageCacheConfig`: base-image map,
+        size cap, build concurrency).
     """
 
     agent_timeout_sec: Optional[float] = None
@@ -136,6 +139,7 @@ class TrialConfig:
     test_output_tail_bytes: int = 4096
     stop_agent_processes: bool = False
     terminal: str = "pty"
+    images: ImageCacheConfig = ImageCacheConfig()
 
     def validate(self) -> None:
         """Raises ValueError naming the field and the fix."""
@@ -152,6 +156,7 @@ class TrialConfig:
         if self.keep not in ("logs", "all", "none"):
             raise ValueError(f"keep={self.keep!r}: use 'logs', 'all' or 'none'")
         self.sandbox.validate()
+        self.images.validate()
 
 
 @dataclasses.dataclass
@@ -302,8 +307,12 @@ class Trial:
         ver_t = config.verifier_timeout_sec if config.verifier_timeout_sec is not None else tc.verifier_timeout_sec
         self.verifier_timeout_sec = min(ver_t, config.max_verifier_timeout_sec)
         self.limits = Limits.for_task(tc, config.sandbox)
-        self.sandbox = Sandbox(self.dir, task.environment, self.limits, config.sandbox,
-                               allow_internet=tc.allow_internet)
+        if task.environment.profile == IMAGE_PROFILE:
+            self.sandbox = ImageSandbox(self.dir, task.environment, self.limits, config.sandbox,
+                                        allow_internet=tc.allow_internet, task=task, cache=image_cache(config.images))
+        else:
+            self.sandbox = Sandbox(self.dir, task.environment, self.limits, config.sandbox,
+                                   allow_internet=tc.allow_internet)
         self.info: dict[str, Any] = {}
         self._lock = threading.RLock()
         self._phase = "new"  # new -> agent -> verifying -> done -> closed

@@ -1,0 +1,793 @@
+"""The image backend: build a task's own `environment/Dockerfile` and run its trials on the built image.
+
+The profile path (`profiles.py`) reads a Dockerfile against what the host provides; this module builds
+it instead, with a real builder, and runs every trial in a fresh writable container of the built image:
+
+    cache = ImageCache(ImageCacheConfig(base_images={"ubuntu:24.04": "localhost/debian-stand-in:bookworm"}))
+    ref = cache.ensure(task)                      # builds once per build context, then reuses the image
+    sb = ImageSandbox(trial_dir, task.environment, limits, SandboxConfig(), cache=cache)
+
+* Builders: `Builder` is the small interface (build, tag, image id/size/config, rmi, per-trial containers).
+  `BuildahBuilder` (`buildah bud --isolation chroot`, `buildah from` + `buildah mount` per trial) is the one
+  verified here. Docker, Podman and Apptainer are not implemented or verified: they would be other
+  `Builder` subclasses.
+* The image tag is `localhost/jaxrl-task:<16 hex>` of `context_hash`: the build context's sorted relative
+  paths, modes, contents and symlink targets, the base-image map and the builder's name. Equal contexts
+  share one image; any changed file gives another.
+* Base images are never pulled unless configured (`pull=True`): each `FROM` name (and task.toml's
+  `[environment] docker_image`) found in `base_images` is tagged from its local image before the build.
+* `ImageCache` keeps an index (`index.json`, written atomically under a file lock) of the images it built
+  with their size and last use, builds at most `build_concurrency` images at once (file locks, shared by
+  every process using the same cache directory), and after each build removes the least recently used
+  images not in use by a container until the total is under `max_mb`.
+* A failed build raises `ImageBuildError`: one line naming the task, the failing step, the builder's last
+  error line and the log file holding the full output.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from jaxrl.envs.harbor.errors import SandboxError
+from jaxrl.envs.harbor.profiles import EnvironmentSpec
+from jaxrl.envs.harbor.sandbox import Limits, Sandbox, SandboxConfig, _profile_dir, disk_usage
+
+log = logging.getLogger(__name__)
+
+IMAGE_PROFILE = "image"
+"""`EnvironmentSpec.profile` of tasks whose environment is built (the image backend)."""
+TAG_REPO = "localhost/jaxrl-task"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
+BACKENDS = ("profile", "image", "auto")
+
+
+class ImageBuildError(SandboxError):
+    """A task's image could not be built (or its base image is missing); the message says which step and the fix."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Hashing and Dockerfile FROM names
+
+
+def _file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
+def context_hash(env_dir: str | os.PathLike, base_images: Optional[dict] = None, builder: str = "buildah",
+                 docker_image: Optional[str] = None) -> str:
+    """The sha256 (hex) identifying one build: the context's files and the settings that change the image.
+
+    Args:
+      env_dir: the build context (the task's `environment/`).
+      base_images: the `{FROM name: local image}` map in force.
+      builder: the builder's name.
+      docker_image: task.toml's `[environment] docker_image`, if any.
+
+    Returns:
+      64 hex digits over the sorted relative paths, each entry's type and permission bits, file contents,
+      symlink targets (never followed), the sorted base-image map, the builder name and docker_image.
+
+    Raises:
+      OSError: the context cannot be read.
+    """
+    root = os.fspath(env_dir)
+    h = hashlib.sha256()
+    h.update(f"builder={builder}\0docker_image={docker_image or ''}\0".encode())
+    for k, v in sorted((base_images or {}).items()):
+        h.update(f"base={k}={v}\0".encode())
+    entries = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for n in dirnames + filenames:
+            entries.append(os.path.join(dirpath, n))
+    for p in sorted(entries, key=lambda p: os.path.relpath(p, root)):
+        rel = os.path.relpath(p, root)
+        st = os.lstat(p)
+        mode = stat.S_IMODE(st.st_mode)
+        if stat.S_ISLNK(st.st_mode):
+            body = "link:" + os.readlink(p)
+        elif stat.S_ISDIR(st.st_mode):
+            body = "dir"
+        elif stat.S_ISREG(st.st_mode):
+            body = "file:" + _file_digest(p)
+        else:
+            body = "special"
+        h.update(f"{rel}\0{mode:o}\0{body}\0".encode())
+    return h.hexdigest()
+
+
+def image_tag(digest: str) -> str:
+    """`localhost/jaxrl-task:<first 16 hex digits>` of a `context_hash`."""
+    return f"{TAG_REPO}:{digest[:16]}"
+
+
+def dockerfile_bases(text: str) -> list[str]:
+    """The external images a Dockerfile's `FROM` lines name (stage aliases excluded, `ARG` defaults expanded)."""
+    args: dict = {}
+    stages: set = set()
+    out: list = []
+    joined = re.sub(r"\\\r?\n", " ", text)
+    for line in joined.splitlines():
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        op, _, rest = s.partition(" ")
+        op = op.upper()
+        if op == "ARG" and not out:
+            k, eq, v = rest.strip().partition("=")
+            if eq:
+                args[k.strip()] = v.strip().strip('"')
+        elif op == "FROM":
+            words = [w for w in rest.split() if not w.startswith("--")]
+            if not words:
+                continue
+            name = re.sub(r"\$\{?(\w+)(?::-([^}]*))?\}?", lambda m: args.get(m.group(1), m.group(2) or ""), words[0])
+            if len(words) >= 3 and words[1].lower() == "as":
+                stages.add(words[2].lower())
+            if name.lower() not in stages and name != "scratch" and name not in out:
+                out.append(name)
+    return out
+
+
+def qualified(name: str) -> str:
+    """A short image name as the Docker Hub default would qualify it: `ubuntu:24.04` ->
+    `docker.io/library/ubuntu:24.04`, `org/x` -> `docker.io/org/x`; names with a registry are kept."""
+    first = name.split("/", 1)[0]
+    if "/" in name and ("." in first or ":" in first or first == "localhost"):
+        return name
+    return f"docker.io/{name}" if "/" in name else f"docker.io/library/{name}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Builders
+
+
+class Builder:
+    """What the image backend needs from a container tool. Subclasses: `BuildahBuilder` (verified);
+    Docker, Podman and Apptainer would be further subclasses (not written or verified)."""
+
+    name = "builder"
+
+    def available(self) -> Optional[str]:
+        """Why this builder cannot run here (None when it can)."""
+        raise NotImplementedError
+
+    def image_id(self, ref: str) -> Optional[str]:
+        """The full id of a local image, or None when there is none."""
+        raise NotImplementedError
+
+    def tag(self, src: str, dst: str) -> None:
+        raise NotImplementedError
+
+    def build(self, context: str, tag: str, log_path: str, *, pull: bool, timeout: float) -> None:
+        """Builds `context/Dockerfile` as `tag`, writing the full output to `log_path`.
+
+        Raises:
+          ImageBuildError: without the task name (`ImageCache.ensure` adds it).
+        """
+        raise NotImplementedError
+
+    def image_size(self, ref: str) -> int:
+        raise NotImplementedError
+
+    def image_config(self, ref: str) -> dict:
+        """`{"workdir": str, "env": [(k, v)...], "user": str}` of an image."""
+        raise NotImplementedError
+
+    def remove_image(self, ref: str) -> bool:
+        raise NotImplementedError
+
+    def images_in_use(self) -> set:
+        """Ids of the images some container is based on."""
+        raise NotImplementedError
+
+    def create_container(self, ref: str) -> tuple[str, str]:
+        """A new writable container of `ref`, mounted: (container id, host path of its root)."""
+        raise NotImplementedError
+
+    def writable_layer(self, container: str, mountpoint: str) -> str:
+        """The host directory holding what the container wrote (its upper layer)."""
+        raise NotImplementedError
+
+    def remove_container(self, container: str) -> None:
+        raise NotImplementedError
+
+
+_UNITS = {"b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12}
+
+
+class BuildahBuilder(Builder):
+    """buildah with `--isolation chroot` (no daemon, no runtime; works as root inside this machine's container).
+
+    Args:
+      buildah: the buildah executable.
+      volumes: extra `-v` specs for every RUN step (the host CA bundle is added when it exists).
+    """
+
+    name = "buildah"
+
+    def __init__(self, buildah: str = "buildah", volumes: Sequence[str] = ()):
+        self.exe = buildah
+        self.volumes = list(volumes)
+        self.builds = 0  # successful builds by this builder (tests read it)
+
+    def _run(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+        try:
+            r = subprocess.run([self.exe, *args], capture_output=True, text=True, timeout=timeout)
+        except FileNotFoundError:
+            raise SandboxError(f"{self.exe} is not installed: apt-get install buildah (the image backend's builder)") from None
+        except subprocess.TimeoutExpired:
+            raise SandboxError(f"`buildah {' '.join(args[:2])}` took longer than {timeout:g} s") from None
+        if check and r.returncode != 0:
+            raise SandboxError(f"`buildah {' '.join(args)}` failed: {(r.stderr or r.stdout).strip()[-500:]}")
+        return r
+
+    def available(self) -> Optional[str]:
+        if shutil.which(self.exe) is None:
+            return f"{self.exe} not found: apt-get install buildah (harbor.environment_backend='image' builds with it)"
+        return None
+
+    def image_id(self, ref: str) -> Optional[str]:
+        r = self._run("inspect", "--type", "image", "--format", "{{.FromImageID}}", ref, check=False)
+        return r.stdout.strip() or None if r.returncode == 0 else None
+
+    def tag(self, src: str, dst: str) -> None:
+        self._run("tag", src, dst)
+
+    def build(self, context: str, tag: str, log_path: str, *, pull: bool, timeout: float) -> None:
+        argv = [self.exe, "bud", "--isolation", "chroot", "--pull=true" if pull else "--pull=never", "--layers=false",
+                "-t", tag, "-f", os.path.join(context, "Dockerfile")]
+        if os.path.isfile(HOST_CA):
+            # pip in RUN steps verifies against the host's CA bundle. buildah 1.28's --env reaches only the
+            # committed image (and --unsetenv hides it from RUN too), so a pip config file bound for the build
+            # names it; neither file stays in the image (an empty /etc/xdg/pip directory does).
+            conf = os.path.join(os.path.dirname(log_path), "pip-host-ca.conf")
+            if not os.path.isfile(conf):
+                _atomic_write(Path(conf), "[global]\ncert = /run/host-ca.crt\n")
+            argv += ["-v", f"{HOST_CA}:/run/host-ca.crt:ro", "-v", f"{conf}:/etc/xdg/pip/pip.conf:ro"]
+        for v in self.volumes:
+            argv += ["-v", v]
+        argv.append(context)
+        tmp = log_path + ".part"
+        with open(tmp, "w") as logf:
+            logf.write("$ " + shlex.join(argv) + "\n")
+            logf.flush()
+            try:
+                r = subprocess.run(argv, stdout=logf, stderr=subprocess.STDOUT, timeout=timeout)
+                code = r.returncode
+            except subprocess.TimeoutExpired:
+                code = None
+        os.replace(tmp, log_path)
+        if code == 0:
+            self.builds += 1
+            return
+        text = Path(log_path).read_text(errors="replace")
+        steps = re.findall(r"^STEP \d+/\d+: .*$", text, flags=re.M)
+        step = steps[-1][:160] if steps else "before the first step"
+        errs = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("STEP ", "$ "))]
+        last = next((ln for ln in reversed(errs) if re.search(r"error|fail|not found|unable", ln, re.I)),
+                    errs[-1] if errs else "")
+        if code is None:
+            raise ImageBuildError(f"the build ran longer than build_timeout_sec={timeout:g} s at {step}; raise "
+                                  f"[environment] build_timeout_sec or shorten that step (log: {log_path})")
+        raise ImageBuildError(f"the build failed at {step}: {last.strip()[:300]}; fix that Dockerfile step, or map "
+                              f"a missing base image in harbor.base_images (log: {log_path})")
+
+    def image_size(self, ref: str) -> int:
+        r = self._run("images", "--json", ref, check=False)
+        try:
+            size = json.loads(r.stdout)[0]["size"]
+        except (ValueError, IndexError, KeyError, TypeError):
+            return 0
+        m = re.match(r"([\d.]+)\s*([kKmMgGtT]?B)", str(size))
+        return int(float(m.group(1)) * _UNITS[m.group(2).lower()]) if m else 0
+
+    def image_config(self, ref: str) -> dict:
+        r = self._run("inspect", "--type", "image", ref)
+        cfg = (json.loads(r.stdout).get("OCIv1") or {}).get("config") or {}
+        env = []
+        for kv in cfg.get("Env") or []:
+            k, _, v = kv.partition("=")
+            env.append((k, v))
+        return {"workdir": cfg.get("WorkingDir") or "/", "env": env, "user": cfg.get("User") or ""}
+
+    def remove_image(self, ref: str) -> bool:
+        return self._run("rmi", ref, check=False).returncode == 0
+
+    def images_in_use(self) -> set:
+        r = self._run("containers", "--all", "--json", check=False)
+        try:
+            return {c.get("imageid", "") for c in json.loads(r.stdout or "[]") or []}
+        except ValueError:
+            return set()
+
+    def create_container(self, ref: str) -> tuple[str, str]:
+        c = self._run("from", "--pull=never", "-q", ref).stdout.strip()
+        try:
+            m = self._run("mount", c).stdout.strip()
+        except SandboxError:
+            self.remove_container(c)
+            raise
+        return c, m
+
+    def writable_layer(self, container: str, mountpoint: str) -> str:
+        upper = os.path.join(os.path.dirname(mountpoint), "diff")
+        if os.path.basename(mountpoint) == "merged" and os.path.isdir(upper):
+            return upper  # the overlay driver: <layer>/merged over <layer>/diff
+        return mountpoint  # vfs: the whole copy
+
+    def remove_container(self, container: str) -> None:
+        self._run("rm", container, check=False)
+
+
+BUILDERS = {"buildah": BuildahBuilder}
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageCacheConfig:
+    """Settings of the image cache (harbor.base_images / image_cache_max_mb / build_concurrency / image_cache_dir).
+
+    Attributes:
+      base_images: `{FROM name or docker_image: local image}`; each is tagged before a build (`ubuntu:24.04`
+        also as `docker.io/library/ubuntu:24.04`).
+      cache_dir: holds index.json, the build locks and build logs (default ~/.cache/jaxrl/images).
+      max_mb: total size of the built images kept; least recently used ones not in use are removed above it.
+      build_concurrency: builds at once (per cache directory, across processes).
+      pull: let the builder pull missing base images (off: only local images are used).
+      builder: "buildah" (the only one implemented).
+    """
+
+    base_images: tuple = ()
+    cache_dir: Optional[str] = None
+    max_mb: int = 20480
+    build_concurrency: int = 1
+    pull: bool = False
+    builder: str = "buildah"
+
+    def validate(self) -> None:
+        """Raises ValueError naming the setting and the fix."""
+        if self.builder not in BUILDERS:
+            raise ValueError(f"image builder {self.builder!r}: only {sorted(BUILDERS)} is implemented")
+        if not isinstance(self.max_mb, int) or self.max_mb <= 0:
+            raise ValueError(f"harbor.image_cache_max_mb={self.max_mb!r}: a positive number of megabytes")
+        if not isinstance(self.build_concurrency, int) or self.build_concurrency < 1:
+            raise ValueError(f"harbor.build_concurrency={self.build_concurrency!r}: a positive integer (1 fits 2 cores)")
+        for pair in self.base_images:
+            if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(s, str) and s for s in pair)):
+                raise ValueError(f"harbor.base_images entry {pair!r}: map image names to local images, "
+                                 "e.g. {'ubuntu:24.04': 'localhost/debian-stand-in:bookworm'}")
+
+    @property
+    def base_map(self) -> dict:
+        return dict(self.base_images)
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "jaxrl", "images"))
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class ImageCache:
+    """Builds task images once per build context and keeps them within a size cap (module docstring).
+
+    Args:
+      config: the cache settings.
+      builder: the builder (default: `config.builder`'s class).
+    """
+
+    def __init__(self, config: ImageCacheConfig = ImageCacheConfig(), builder: Optional[Builder] = None):
+        config.validate()
+        self.config = config
+        self.builder = builder or BUILDERS[config.builder]()
+        self.dir = config.dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "logs").mkdir(exist_ok=True)
+        self._in_use: dict = {}  # tag -> count of this process's live containers
+        self._lock = threading.Lock()
+
+    # -- index -------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _index(self):
+        """The index, locked across processes; changes to the yielded dict are written back atomically."""
+        with open(self.dir / "index.lock", "a") as lk:
+            fcntl.flock(lk, fcntl.LOCK_EX)
+            try:
+                p = self.dir / "index.json"
+                try:
+                    idx = json.loads(p.read_text())
+                    if not isinstance(idx, dict):
+                        idx = {}
+                except (OSError, ValueError):
+                    idx = {}
+                before = json.dumps(idx, sort_keys=True)
+                yield idx
+                if json.dumps(idx, sort_keys=True) != before:
+                    _atomic_write(p, json.dumps(idx, indent=1, sort_keys=True))
+            finally:
+                fcntl.flock(lk, fcntl.LOCK_UN)
+
+    def index(self) -> dict:
+        """A copy of the index: `{tag: {"task", "size", "last_used", "image_id"}}`."""
+        with self._index() as idx:
+            return json.loads(json.dumps(idx))
+
+    def _touch(self, tag: str, **fields) -> None:
+        with self._index() as idx:
+            e = idx.setdefault(tag, {})
+            e.update(fields)
+            e["last_used"] = time.time()
+
+    @contextlib.contextmanager
+    def _build_slot(self):
+        n = self.config.build_concurrency
+        files = [open(self.dir / f"build-{i}.lock", "a") for i in range(n)]
+        try:
+            while True:
+                for f in files:
+                    try:
+                        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        continue
+                    try:
+                        yield
+                    finally:
+                        fcntl.flock(f, fcntl.LOCK_UN)
+                    return
+                time.sleep(0.2)
+        finally:
+            for f in files:
+                f.close()
+
+    # -- public ------------------------------------------------------------------------------
+    def tag_for(self, task) -> str:
+        """The image tag of `task`'s build context (no build)."""
+        env_dir = Path(task.path) / "environment"
+        return image_tag(context_hash(env_dir, self.config.base_map, self.builder.name, task.config.docker_image))
+
+    def ensure(self, task) -> str:
+        """The local image of `task`'s environment, built if this context has no image yet.
+
+        Args:
+          task: a `HarborTask` (its `environment/` is the build context; `[environment] docker_image`
+            without a Dockerfile names a prebuilt image, mapped through base_images like a FROM name).
+
+        Returns:
+          the image reference to create containers from.
+
+        Raises:
+          ImageBuildError: naming the task, the failing step and the fix (the log file keeps the output).
+        """
+        why = self.builder.available()
+        if why:
+            raise ImageBuildError(f"task {task.name}: {why}")
+        env_dir = Path(task.path) / "environment"
+        dockerfile = env_dir / "Dockerfile"
+        if not dockerfile.is_file():
+            return self._prebuilt(task)
+        tag = self.tag_for(task)
+        if self.builder.image_id(tag):
+            self._touch(tag, task=task.name)
+            return tag
+        with self._build_slot():
+            if self.builder.image_id(tag):  # another process built it while we waited
+                self._touch(tag, task=task.name)
+                return tag
+            self._map_bases(task, dockerfile.read_text(encoding="utf-8", errors="replace"))
+            log_path = str(self.dir / "logs" / f"{tag.rsplit(':', 1)[1]}.log")
+            t0 = time.monotonic()
+            try:
+                self.builder.build(str(env_dir), tag, log_path, pull=self.config.pull,
+                                   timeout=float(task.config.build_timeout_sec))
+            except ImageBuildError as e:
+                raise ImageBuildError(f"task {task.name}: {e}") from None
+            log.info("task %s: built %s in %.1f s", task.name, tag, time.monotonic() - t0)
+        self._touch(tag, task=task.name, size=self.builder.image_size(tag), image_id=self.builder.image_id(tag))
+        self.evict(keep=(tag,))
+        return tag
+
+    def _prebuilt(self, task) -> str:
+        name = task.config.docker_image
+        if not name:
+            raise ImageBuildError(f"task {task.name}: environment/ has no Dockerfile and task.toml no "
+                                  "[environment] docker_image; add one of them")
+        local = self.config.base_map.get(name)
+        ref = local or name
+        if not self.builder.image_id(ref):
+            raise ImageBuildError(f"task {task.name}: [environment] docker_image {name!r} is not a local image and "
+                                  f"images are not pulled; map it in harbor.base_images, e.g. {{{name!r}: "
+                                  "'localhost/debian-stand-in:bookworm'} (docs/terminal_tasks.md)")
+        return ref
+
+    def _map_bases(self, task, text: str) -> None:
+        bases = self.config.base_map
+        for name in dockerfile_bases(text):
+            local = bases.get(name) or bases.get(qualified(name))
+            if local:
+                if not self.builder.image_id(local):
+                    raise ImageBuildError(f"task {task.name}: harbor.base_images maps FROM {name} to {local!r}, which "
+                                          "is not a local image; build it first (docs/terminal_tasks.md: the base stand-in)")
+                if self.builder.image_id(qualified(name)) != self.builder.image_id(local):
+                    self.builder.tag(local, qualified(name))
+            elif not self.config.pull and not (self.builder.image_id(name) or self.builder.image_id(qualified(name))):
+                raise ImageBuildError(f"task {task.name}: FROM {name}: no local image of that name and images are not "
+                                      f"pulled; map it in harbor.base_images, e.g. {{{name!r}: "
+                                      "'localhost/debian-stand-in:bookworm'} (docs/terminal_tasks.md)")
+
+    def acquire(self, tag: str) -> None:
+        """Marks `tag` in use by this process (never evicted until `release`)."""
+        with self._lock:
+            self._in_use[tag] = self._in_use.get(tag, 0) + 1
+        self._touch(tag)
+
+    def release(self, tag: str) -> None:
+        with self._lock:
+            n = self._in_use.get(tag, 0) - 1
+            if n > 0:
+                self._in_use[tag] = n
+            else:
+                self._in_use.pop(tag, None)
+
+    def evict(self, keep: Sequence[str] = ()) -> list[str]:
+        """Removes least recently used cached images until their total size is at most `max_mb`.
+
+        Images in `keep`, used by a live container of this process or of any container the builder
+        knows, are never removed.
+
+        Returns:
+          the tags removed.
+        """
+        removed = []
+        cap = self.config.max_mb * 10 ** 6
+        in_use_ids = self.builder.images_in_use()
+        with self._lock:
+            protected = set(keep) | set(self._in_use)
+        with self._index() as idx:
+            for tag in list(idx):
+                if not self.builder.image_id(tag):
+                    del idx[tag]  # removed behind our back
+            total = sum(int(e.get("size", 0)) for e in idx.values())
+            for tag in sorted(idx, key=lambda t: idx[t].get("last_used", 0)):
+                if total <= cap:
+                    break
+                e = idx[tag]
+                iid = self.builder.image_id(tag) or ""
+                if tag in protected or any(i and iid.startswith(i) for i in in_use_ids):
+                    continue
+                if self.builder.remove_image(tag):
+                    total -= int(e.get("size", 0))
+                    del idx[tag]
+                    removed.append(tag)
+                    log.info("image cache: removed %s (%s, least recently used)", tag, e.get("task", "?"))
+        return removed
+
+
+_CACHES: dict = {}
+_CACHES_LOCK = threading.Lock()
+
+
+def image_cache(config: ImageCacheConfig) -> ImageCache:
+    """The process-wide `ImageCache` for these settings."""
+    with _CACHES_LOCK:
+        if config not in _CACHES:
+            _CACHES[config] = ImageCache(config)
+        return _CACHES[config]
+
+
+# ---------------------------------------------------------------------------------------------
+# The sandbox on a built image
+
+
+class ImageSandbox(Sandbox):
+    """A trial's sandbox whose root is a fresh writable container of the task's built image.
+
+    As the profile sandbox (`Sandbox`): every command runs in a new bwrap instance with all namespaces
+    unshared (no network unless the task allows internet and `SandboxConfig.network == "host"`),
+    `--disable-userns`, `--cap-drop ALL`, the seccomp filter, the trial cgroup (or rlimits), the
+    rlimit prologue, the disk monitor, /logs and the phase binds. Differences: the container's root is
+    bound writable at `/` (its writes land in the container's own layer, which is what the disk
+    limit measures, with the trial's /tmp and logs); commands run as uid 0 of the user namespace
+    (root of the image, no capabilities on the host); the workdir and environment are the image's
+    `WORKDIR` / `ENV` (task.toml's `workdir` and `env` on top); `/tmp` is the trial's private directory
+    as in the profile path. `close()` removes the container and its layer.
+
+    Args:
+      root, environment, limits, config, allow_internet: as `Sandbox`.
+      cache: the image cache that builds or finds the image (default: `image_cache(ImageCacheConfig())`).
+      task: the `HarborTask` (its environment/ is built); required.
+    """
+
+    def __init__(self, root, environment: EnvironmentSpec, limits: Limits, config: SandboxConfig = SandboxConfig(),
+                 allow_internet: bool = False, *, task=None, cache: Optional[ImageCache] = None):
+        if task is None:
+            raise SandboxError("ImageSandbox needs the task (its environment/ is the build context)")
+        super().__init__(root, environment, limits, config, allow_internet)
+        self.task = task
+        self.cache = cache or image_cache(ImageCacheConfig())
+        self.dirs = {k: self.root / k for k in ("tmp", "logs/agent", "logs/artifacts", "logs/verifier")}
+        self.image: Optional[str] = None
+        self.container: Optional[str] = None
+        self.rootfs: Optional[str] = None
+        self.layer: Optional[str] = None
+        self._image_env: list = []
+
+    def prepare(self) -> None:
+        """Builds or reuses the image, creates and mounts the trial's container, the trial dirs and the cgroup.
+
+        Raises:
+          ImageBuildError: the image cannot be built.
+          SandboxError: as `Sandbox.prepare`, or the container cannot be created; `host_uid` is set (root of
+            the image must own its files: use cgroups instead).
+        """
+        if self._unsafe:
+            raise SandboxError("the image backend needs bwrap; sandbox.backend='UNSAFE_host_no_isolation' cannot "
+                               "run a built image (use harbor.environment_backend='profile')")
+        if self.config.host_uid is not None:
+            raise SandboxError("sandbox.host_uid cannot be combined with the image backend (the image's files are "
+                               "owned by uid 0 of the build); unset host_uid and use cgroup limits")
+        if self.root.exists() and any(self.root.iterdir()):
+            raise SandboxError(f"trial directory {self.root} is not empty")
+        self.image = self.cache.ensure(self.task)
+        self.cache.acquire(self.image)
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)
+        for d in self.dirs.values():
+            d.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root / "logs", 0o755)
+        os.chmod(self.dirs["tmp"], 0o1777)
+        cfg = self.cache.builder.image_config(self.image)
+        self.container, self.rootfs = self.cache.builder.create_container(self.image)
+        _LIVE_CONTAINERS[self.container] = self.cache.builder
+        self.layer = self.cache.builder.writable_layer(self.container, self.rootfs)
+        self._image_env = list(cfg["env"])
+        workdir = self.task.config.workdir or cfg["workdir"] or "/"
+        self.environment = dataclasses.replace(self.environment, workdir=workdir)
+        self._mkdir_in_rootfs(workdir)
+        if self.limits_backend == "cgroup":
+            from jaxrl.envs.harbor.sandbox import detect_cgroups
+
+            cg, _ = detect_cgroups(self.config.cgroup_parent)
+            self.cgroup = cg.create(self.limits, None)
+
+    def _mkdir_in_rootfs(self, path: str) -> None:
+        """Creates `path` inside the container root without following any symlink of the image."""
+        fd = os.open(self.rootfs, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for part in [p for p in path.split("/") if p and p != "."]:
+                if part == "..":
+                    raise SandboxError(f"workdir {path!r} must not contain '..'")
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+        except OSError as e:
+            raise SandboxError(f"cannot create the workdir {path} in the image: {e}") from None
+        finally:
+            os.close(fd)
+
+    def env(self, extra: Optional[dict] = None, terminal: bool = False) -> dict:
+        env = {"PATH": DEFAULT_PATH, "HOME": "/root", "USER": "root", "LOGNAME": "root", "SHELL": "/bin/bash",
+               "HOSTNAME": "sandbox"}
+        env.update(dict(self._image_env))
+        if terminal:
+            env["TERM"] = "dumb"
+        env.update(dict(self.environment.env))
+        env.update(extra or {})
+        return env
+
+    def bwrap_argv(self, command: Sequence[str], *, phase_binds: Sequence[tuple[str, str, bool]] = (),
+                   env: Optional[dict] = None, cwd: Optional[str] = None, seccomp_fd: Optional[int] = None) -> list[str]:
+        """The argv that runs `command` on the trial's container (arguments as `Sandbox.bwrap_argv`)."""
+        if self.rootfs is None:
+            raise SandboxError(f"trial sandbox {self.root} is not prepared (no container)")
+        c = self.config
+        argv = [shutil.which(c.bwrap_path) or c.bwrap_path, "--unshare-all", "--unshare-user", "--disable-userns",
+                "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--uid", "0", "--gid", "0",
+                "--hostname", "sandbox"]
+        if self.allow_internet and c.network == "host":
+            argv.append("--share-net")
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
+        prof = _profile_dir(None, 0)
+        argv += ["--bind", self.rootfs, "/",
+                 "--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--size", str(c.shm_mb << 20),
+                 "--perms", "1777", "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+                 "--bind", str(self.dirs["tmp"]), "/tmp",
+                 "--bind", str(self.dirs["logs/agent"]), "/logs/agent",
+                 "--bind", str(self.dirs["logs/artifacts"]), "/logs/artifacts",
+                 "--ro-bind", prof, "/opt/jaxrl"]
+        for src, dest, writable in phase_binds:
+            argv += ["--bind" if writable else "--ro-bind", str(src), dest]
+        argv += ["--chdir", cwd or self.environment.workdir, "--clearenv"]
+        for k, v in (env if env is not None else self.env()).items():
+            argv += ["--setenv", k, v]
+        argv += ["--", "/bin/bash", "-c", self._limit_prologue() + 'exec "$@"', "jaxrl-sandbox", *command]
+        return argv
+
+    def disk_usage(self) -> tuple[int, int]:
+        """(bytes, entries) in the container's writable layer, the trial's /tmp and its logs."""
+        paths = [self.dirs[k] for k in ("tmp", "logs/agent", "logs/artifacts", "logs/verifier")]
+        if self.layer:
+            paths.insert(0, Path(self.layer))
+        return disk_usage(paths, stop_at_files=self.limits.max_files + 1)
+
+    def close(self, *, remove: Sequence[str] = ("app", "tmp", "home")) -> None:
+        """As `Sandbox.close`, then removes the container (its writable layer with it)."""
+        try:
+            super().close(remove=[k for k in remove if k in ("tmp",)])
+        finally:
+            if self.container is not None:
+                self.cache.builder.remove_container(self.container)
+                _LIVE_CONTAINERS.pop(self.container, None)
+                self.container = self.rootfs = None
+            if self.image is not None:
+                self.cache.release(self.image)
+                self.image = None
+
+
+_LIVE_CONTAINERS: dict = {}
+
+
+def _remove_live_containers() -> None:
+    for c, builder in list(_LIVE_CONTAINERS.items()):
+        builder.remove_container(c)
+
+
+import atexit  # noqa: E402
+
+atexit.register(_remove_live_containers)
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing the path per task
+
+
+def image_spec(env_dir: Path, config, where: str) -> EnvironmentSpec:
+    """The `EnvironmentSpec` of a task on the image backend (profile "image"; the workdir is settled at
+    trial start from the image's WORKDIR unless task.toml sets one)."""
+    base = ""
+    df = env_dir / "Dockerfile"
+    if df.is_file():
+        names = dockerfile_bases(df.read_text(encoding="utf-8", errors="replace"))
+        base = names[-1] if names else ""
+    elif config.docker_image:
+        base = config.docker_image
+    else:
+        from jaxrl.envs.harbor.errors import UnsupportedEnvironmentError
+
+        raise UnsupportedEnvironmentError(f"{where}: no Dockerfile (and no [environment] docker_image in task.toml)")
+    return EnvironmentSpec(profile=IMAGE_PROFILE, base_image=base, workdir=config.workdir or "/",
+                           env=tuple(config.environment_env.items()), notes=("built with the image backend",))

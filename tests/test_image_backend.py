@@ -1,0 +1,483 @@
+"""The image backend (jaxrl/envs/harbor/images.py): tasks whose Dockerfile the profile path refuses are
+built with buildah and their trials run on a container of the built image, with the sandbox's guarantees.
+
+Needs `buildah` (skipped without it; `.ci/run` installs it) and a local Debian base: the session fixture
+makes `localhost/debian-stand-in:bookworm` from `~/.cache/jaxrl/images/debian-bookworm-minbase.tar`
+(mmdebstrap, once; reruns reuse the tar and the image).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which("buildah") is None,
+                                reason="buildah is not installed (apt-get install buildah mmdebstrap); "
+                                       "the image backend builds with it")
+
+from harbor_helpers import descendants, limit_configs  # noqa: E402
+
+from jaxrl.envs.harbor import Outcome, SandboxConfig, Trial, TrialConfig, load_task, run_trial  # noqa: E402
+from jaxrl.envs.harbor.errors import SandboxError  # noqa: E402
+from jaxrl.envs.harbor.images import (BuildahBuilder, ImageCache, ImageCacheConfig, ImageSandbox,  # noqa: E402
+                                      context_hash, dockerfile_bases, image_tag)
+
+STAND_IN = "localhost/debian-stand-in:bookworm"
+BASE_MAP = (("ubuntu:24.04", STAND_IN),)
+
+DOCKERFILE = """\
+FROM ubuntu:24.04 AS gen
+RUN mkdir -p /stage && echo seed-value > /stage/seed.txt
+
+FROM ubuntu:24.04
+RUN mkdir -p /workspace && apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-pytest \\
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=gen /stage/seed.txt /opt/seed.txt
+COPY data.txt /workspace/data.txt
+WORKDIR /workspace
+"""
+
+TEST_SH = """\
+#!/bin/bash
+cat > /tmp/test_out.py <<'PY'
+def test_out():
+    assert open("/workspace/out.txt").read() == open("/opt/seed.txt").read()
+PY
+if python3 -m pytest -q /tmp/test_out.py; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+"""
+
+
+def _buildah(*args, check=True) -> str:
+    r = subprocess.run(["buildah", *args], capture_output=True, text=True, timeout=600)
+    if check and r.returncode:
+        raise RuntimeError(f"buildah {' '.join(args)}: {r.stderr.strip()}")
+    return r.stdout.strip() if r.returncode == 0 else ""
+
+
+def _image_id(ref: str) -> str:
+    return _buildah("inspect", "--type", "image", "--format", "{{.FromImageID}}", ref, check=False)
+
+
+def _cat(ref: str, rel: str) -> str:
+    """A file of an image, read from a throwaway container."""
+    c = _buildah("from", "--pull=never", "-q", ref)
+    try:
+        return (Path(_buildah("mount", c)) / rel).read_text()
+    finally:
+        _buildah("rm", c, check=False)
+
+
+@pytest.fixture(scope="session")
+def stand_in():
+    """`localhost/debian-stand-in:bookworm` (and `ubuntu:24.04` tagged to it), made once per machine."""
+    if not _image_id(STAND_IN):
+        cache = Path.home() / ".cache" / "jaxrl" / "images"
+        cache.mkdir(parents=True, exist_ok=True)
+        tar = cache / "debian-bookworm-minbase.tar"
+        if not tar.is_file():
+            if shutil.which("mmdebstrap") is None:
+                pytest.fail("the Debian base stand-in needs mmdebstrap: apt-get install mmdebstrap")
+            part = tar.with_suffix(".tar.part")
+            r = subprocess.run(["mmdebstrap", "--variant=minbase", "--include=ca-certificates", "bookworm", str(part)],
+                               capture_output=True, text=True, timeout=900)
+            if r.returncode:
+                pytest.fail(f"mmdebstrap failed (it needs the Debian mirror): {r.stderr.strip()[-500:]}")
+            os.replace(part, tar)
+        c = _buildah("from", "scratch")
+        try:
+            _buildah("add", c, str(tar), "/")
+            _buildah("commit", "-q", c, STAND_IN)
+        finally:
+            _buildah("rm", c, check=False)
+    return _image_id(STAND_IN)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory, stand_in):
+    """The image settings of this module (its own cache index and logs)."""
+    return ImageCacheConfig(base_images=BASE_MAP, cache_dir=str(tmp_path_factory.mktemp("image-cache")))
+
+
+def write_task(root: Path, name: str, *, solve: str = 'cp /opt/seed.txt "$PWD/out.txt"\n', test_sh: str = TEST_SH,
+               storage_mb: int = 512, memory_mb: int = 1024, dockerfile: str = DOCKERFILE) -> Path:
+    d = root / name
+    (d / "environment").mkdir(parents=True)
+    (d / "tests").mkdir()
+    (d / "solution").mkdir()
+    (d / "task.toml").write_text(textwrap.dedent(f"""\
+        [task]
+        name = "{name}"
+        [agent]
+        timeout_sec = 120
+        [verifier]
+        timeout_sec = 120
+        [environment]
+        memory_mb = {memory_mb}
+        storage_mb = {storage_mb}
+        """))
+    (d / "instruction.md").write_text("Copy /opt/seed.txt to out.txt in the working directory.\n")
+    (d / "environment" / "Dockerfile").write_text(dockerfile)
+    (d / "environment" / "data.txt").write_text("data\n")
+    (d / "tests" / "test.sh").write_text(test_sh)
+    os.chmod(d / "tests" / "test.sh", 0o755)
+    (d / "solution" / "solve.sh").write_text("#!/bin/bash\n" + solve)
+    return d
+
+
+@pytest.fixture(scope="module")
+def task_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("image-tasks")
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) a task the profile path refuses: built, oracle 1, wrong solution 0
+
+
+def test_refused_task_builds_and_passes_the_gate(task_root, images, capsys, tmp_path):
+    from jaxrl import tasks as tasks_cli
+    from jaxrl.envs.harbor import HarborTaskError
+
+    d = write_task(task_root, "multistage")
+    with pytest.raises(HarborTaskError, match="outside /app"):
+        load_task(d)  # the profile path refuses RUN mkdir outside /app
+    assert load_task(d, environment_backend="auto").environment.profile == "image"
+    t0 = time.monotonic()
+    code = tasks_cli.main(["check", str(d), "--environment-backend", "auto", "--all",
+                           "--base-image", "ubuntu:24.04=" + STAND_IN, "--image-cache-dir", images.cache_dir,
+                           "--trials-dir", str(tmp_path / "trials")])
+    out, err = capsys.readouterr()
+    print(f"check (build included when the image is new): {time.monotonic() - t0:.1f} s")
+    assert code == 0, out + err
+    assert "1 built as images" in err
+    # the verifier's own reward files, read independently of the runner
+    rewards = sorted((p.parent.parent.parent.name, p.read_text().strip())
+                     for p in (tmp_path / "trials").rglob("verifier/reward.txt"))
+    assert sorted(r for _, r in rewards) == ["0", "1"], rewards  # the oracle's trial 1, the empty agent's 0
+    tag = image_tag(context_hash(d / "environment", dict(BASE_MAP), "buildah"))
+    assert _image_id(tag), tag  # the image is the one named by the context hash
+
+    wrong = write_task(task_root, "multistage-wrong", solve='echo wrong > "$PWD/out.txt"\n')
+    r = run_trial(load_task(wrong, environment_backend="image"), config=TrialConfig(keep="all", images=images),
+                  trial_dir=tmp_path / "wrong", agent=lambda trial: trial.run_oracle())
+    assert (tmp_path / "wrong" / "logs" / "verifier" / "reward.txt").read_text().strip() == "0"
+    assert r.outcome == Outcome.OK and r.reward == 0.0, r.error
+
+
+def test_a_failing_build_is_one_clear_error(task_root, images, tmp_path):
+    bad = write_task(task_root, "badbuild", dockerfile="FROM ubuntu:24.04\nRUN echo building && exit 3\n")
+    r = run_trial(load_task(bad, environment_backend="image"), config=TrialConfig(keep="none", images=images),
+                  trial_dir=tmp_path / "t")
+    assert r.outcome == Outcome.SANDBOX_ERROR
+    assert "task badbuild" in r.error and "STEP 2/2: RUN echo building && exit 3" in r.error, r.error
+    assert "Traceback" not in r.error and "\n" not in r.error
+    log_path = r.error.rsplit("(log: ", 1)[1].rstrip(")")
+    assert "exit status 3" in Path(log_path).read_text()
+    missing = write_task(task_root, "nobase", dockerfile="FROM python:3.99-nowhere\nRUN true\n")
+    r = run_trial(load_task(missing, environment_backend="image"), config=TrialConfig(keep="none", images=images),
+                  trial_dir=tmp_path / "t2")
+    assert r.outcome == Outcome.SANDBOX_ERROR and "harbor.base_images" in r.error and "python:3.99-nowhere" in r.error
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) reuse and hashing; (c) the LRU cap
+
+
+class CountingBuilder(BuildahBuilder):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def build(self, *a, **kw):
+        self.calls += 1
+        return super().build(*a, **kw)
+
+
+def _tiny(root: Path, name: str) -> Path:
+    """A task whose image is the stand-in plus one unique file (builds in a few seconds)."""
+    d = write_task(root, name, dockerfile=f"FROM {STAND_IN}\nCOPY data.txt /data.txt\n")
+    (d / "environment" / "data.txt").write_text(f"{name} {uuid.uuid4().hex}\n")
+    return d
+
+
+def test_second_ensure_reuses_the_image_and_a_changed_file_changes_the_hash(task_root, images):
+    d = _tiny(task_root, "reuse")
+    task = load_task(d, environment_backend="image")
+    b = CountingBuilder()
+    cache = ImageCache(images, builder=b)
+    ref = cache.ensure(task)
+    assert b.calls == 1
+    first = _image_id(ref)
+    assert first and _cat(ref, "data.txt") == (d / "environment" / "data.txt").read_text()
+    cache2 = ImageCache(images, builder=CountingBuilder())  # a new process's cache: same index, same store
+    assert cache2.ensure(task) == ref and cache2.builder.calls == 0 and _image_id(ref) == first
+    assert cache.index()[ref]["image_id"] == first
+    h0 = context_hash(d / "environment", dict(BASE_MAP))
+    (d / "environment" / "data.txt").write_text("changed\n")
+    h1 = context_hash(d / "environment", dict(BASE_MAP))
+    os.chmod(d / "environment" / "data.txt", 0o600)
+    h2 = context_hash(d / "environment", dict(BASE_MAP))
+    assert len({h0, h1, h2}) == 3
+    assert context_hash(d / "environment", {}) != h2  # the base-image map is part of it
+    _buildah("rmi", ref, check=False)
+
+
+def test_lru_cap_evicts_the_least_recently_used_and_keeps_the_one_in_use(task_root, images, tmp_path):
+    images = ImageCacheConfig(base_images=BASE_MAP, cache_dir=str(tmp_path / "lru-cache"))  # only these images
+    cache = ImageCache(images)
+    refs = []
+    for name in ("lru-a", "lru-b", "lru-c"):
+        refs.append(cache.ensure(load_task(_tiny(task_root, name), environment_backend="image")))
+        time.sleep(0.01)
+    a, b, c = refs
+    sizes = [cache.index()[r]["size"] for r in refs]
+    assert all(s > 0 for s in sizes), sizes
+    cache.acquire(a)  # a is the least recently used but in use
+    cache._touch(c)
+    small = ImageCache(ImageCacheConfig(base_images=BASE_MAP, cache_dir=images.cache_dir,
+                                        max_mb=(sizes[0] + sizes[2]) // 10 ** 6 + 1), builder=cache.builder)
+    small._in_use = cache._in_use  # the same process's containers
+    removed = small.evict()
+    assert removed == [b]
+    assert _image_id(a) and _image_id(c) and not _image_id(b)
+    cache.release(a)
+    tiny = ImageCache(ImageCacheConfig(base_images=BASE_MAP, cache_dir=images.cache_dir,
+                                       max_mb=sizes[2] // 10 ** 6 + 1))
+    assert tiny.evict() == [a]
+    assert _image_id(c) and not _image_id(a)
+    assert set(tiny.index()) == {c}
+    _buildah("rmi", c, check=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# (d) the sandbox's guarantees on a built image
+
+PROBES = r'''
+import ctypes, json, os, platform, socket, sys
+E = os.environ
+res = {}
+def probe(name, fn):
+    try:
+        res[name] = "ESCAPED: " + repr(fn())[:200]
+    except Exception as e:
+        res[name] = "blocked: " + type(e).__name__ + " " + str(e)[:100]
+def tcp(host, port):
+    s = socket.create_connection((host, port), timeout=3); s.close(); return "connected"
+def raise_if(cond, what):
+    if cond: return what
+    raise RuntimeError("not possible")
+probe("tcp_host_loopback", lambda: tcp("127.0.0.1", int(E["HOST_PORT"])))
+probe("tcp_host_ip", lambda: tcp(E["HOST_IP"], int(E["HOST_PORT"])))
+probe("tcp_outside", lambda: tcp("1.1.1.1", 80))
+probe("dns", lambda: socket.getaddrinfo("example.com", 80))
+def abstract():
+    s = socket.socket(socket.AF_UNIX); s.settimeout(3); s.connect("\0" + E["ABSTRACT"]); return "connected"
+probe("abstract_unix_socket", abstract)
+probe("read_host_secret", lambda: open(E["HOST_SECRET"]).read())
+probe("read_other_trial", lambda: open(E["OTHER_TRIAL_FILE"]).read())
+probe("read_host_storage", lambda: os.listdir("/var/lib/containers"))
+probe("tests_visible", lambda: raise_if(os.path.exists("/tests"), os.listdir("/tests")))
+probe("solution_visible", lambda: raise_if(os.path.exists("/solution"), os.listdir("/solution")))
+probe("verifier_logs_visible", lambda: raise_if(os.path.exists("/logs/verifier"), "exists"))
+def write(p):
+    with open(p, "w") as f: f.write("x")
+    return "wrote " + p
+probe("write_opt_jaxrl", lambda: write("/opt/jaxrl/bashrc"))
+probe("write_dev", lambda: write("/dev/escape"))
+probe("write_sysrq", lambda: write("/proc/sysrq-trigger"))
+probe("write_proc_sys", lambda: write("/proc/sys/kernel/hostname"))
+libc = ctypes.CDLL(None, use_errno=True)
+def call(rc_fn):
+    if rc_fn() != 0: raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    return "succeeded"
+probe("unshare_user", lambda: call(lambda: libc.unshare(0x10000000)))
+probe("unshare_net", lambda: call(lambda: libc.unshare(0x40000000)))
+probe("mount_tmpfs", lambda: call(lambda: libc.mount(b"none", b"/mnt", b"tmpfs", 0, None)))
+def caps():
+    st = open("/proc/self/status").read()
+    eff = [l for l in st.splitlines() if l.startswith("CapEff")][0].split()[1]
+    nnp = [l for l in st.splitlines() if l.startswith("NoNewPrivs")][0].split()[1]
+    return raise_if(int(eff, 16) != 0 or nnp != "1", (eff, nnp))
+probe("capabilities", caps)
+def host_pid():
+    os.kill(int(E["HOST_PID"]), 0); return "host pid visible"
+probe("signal_host_pid", host_pid)
+probe("sys_cgroupfs", lambda: raise_if(os.path.exists("/sys/fs/cgroup") or os.path.exists("/sys/kernel"), "sys"))
+def fds():
+    open_fds = sorted(int(x) for x in os.listdir("/proc/%d/fd" % os.getppid()))
+    return raise_if(any(fd > 2 for fd in open_fds), open_fds)
+probe("leaked_fds", fds)
+col = 0 if platform.machine() == "x86_64" else 1
+libc.syscall.restype = ctypes.c_long
+def sysc(nums, *args):
+    return call(lambda: 0 if libc.syscall(nums[col], *args) >= 0 else 1)
+probe("seccomp_ptrace_attach", lambda: sysc((101, 117), 16, 1, 0, 0))
+probe("seccomp_keyctl", lambda: sysc((250, 219), 0, ctypes.c_long(-4), 0))
+probe("seccomp_bpf", lambda: sysc((321, 280), 0, 0, 0))
+probe("seccomp_io_uring", lambda: sysc((425, 425), 1, ctypes.create_string_buffer(120)))
+probe("seccomp_open_by_handle", lambda: sysc((304, 265), ctypes.c_int(-100), ctypes.create_string_buffer(64), 0))
+with open("/root/escape-probe", "w") as f: f.write("in the layer")
+print("UID", os.getuid(), "CWD", os.getcwd())
+print("PROBES" + json.dumps(res))
+'''
+
+
+def _host_ip() -> str:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect(("10.255.255.255", 1))
+        return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.2"
+    finally:
+        s.close()
+
+
+def test_escape_attempts_are_blocked_on_a_built_image(task_root, images, tmp_path):
+    """27 in-sandbox probes on the container while a second trial of the same image is live; writes to /
+    land in the container's own layer; the layer is gone after close."""
+    listener = socket.socket()
+    listener.bind(("0.0.0.0", 0))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    hits = []
+    stop = threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            try:
+                hits.append(listener.accept()[0].close())
+            except OSError:
+                pass
+
+    threading.Thread(target=accept, daemon=True).start()
+    abstract = f"jaxrl-img-test-{os.getpid()}"
+    unix = socket.socket(socket.AF_UNIX)
+    unix.bind("\0" + abstract)
+    unix.listen(8)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret")
+    task = load_task(write_task(task_root, "escape"), environment_backend="image")
+    cfg = TrialConfig(images=images)
+    other = Trial(task, tmp_path / "other", cfg).start()
+    trial = Trial(task, tmp_path / "probe", cfg).start()
+    try:
+        assert isinstance(trial.sandbox, ImageSandbox)
+        other.exec("echo other > /workspace/other.txt")
+        other_file = Path(other.sandbox.rootfs) / "workspace" / "other.txt"
+        assert other_file.read_text() == "other\n"  # the path the probe tries exists on the host
+        env = {"HOST_PORT": str(listener.getsockname()[1]), "HOST_IP": _host_ip(), "ABSTRACT": abstract,
+               "HOST_SECRET": str(secret), "OTHER_TRIAL_FILE": str(other_file), "HOST_PID": str(os.getpid())}
+        r = trial.exec("python3 - <<'EOF'\n" + PROBES + "EOF", timeout=60, env=env)
+        line = [ln for ln in r.output.splitlines() if ln.startswith("PROBES")]
+        assert line, r.output
+        res = json.loads(line[0][len("PROBES"):])
+        assert len(res) == 27
+        escaped = {k: v for k, v in res.items() if not v.startswith("blocked")}
+        assert not escaped, escaped
+        assert not hits
+        assert "UID 0 CWD /workspace" in r.output  # root of the image, in its WORKDIR
+        layer = Path(trial.sandbox.layer)
+        assert (layer / "root" / "escape-probe").read_text() == "in the layer"
+        assert not os.path.exists("/root/escape-probe")
+        assert not (Path(other.sandbox.rootfs) / "root" / "escape-probe").exists()
+        container = trial.sandbox.container
+    finally:
+        stop.set()
+        listener.close()
+        unix.close()
+        trial.close()
+        other.close()
+    assert not layer.exists()
+    assert container not in _buildah("containers", "--all", "--quiet", "--notruncate")
+
+
+CGROUP = [(n, c) for n, c in limit_configs() if n == "cgroup"]
+
+
+@pytest.mark.skipif(not CGROUP, reason="the image backend's limits need writable cgroups on this host")
+def test_limits_hold_on_a_built_image(task_root, images, tmp_path):
+    """Fork bomb (process cap), memory bomb (cgroup memory), one big file (RLIMIT_FSIZE) and many small
+    files in the container's layer (disk monitor); the trial still verifies."""
+    import dataclasses
+
+    # one file stops at RLIMIT_FSIZE (32 MB) below the disk limit (64 MB), so the monitor does not race it
+    config = dataclasses.replace(CGROUP[0][1], max_file_size_mb=32)
+    task = load_task(write_task(task_root, "limits", storage_mb=64, memory_mb=256), environment_backend="image")
+
+    def agent(trial):
+        samples, stop = [], threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                samples.append(sum(len(descendants(p.pid)) for p in list(trial.sandbox._procs)))
+                time.sleep(0.05)
+
+        th = threading.Thread(target=sample)
+        th.start()
+        r = trial.exec("bomb() { bomb | bomb & }; bomb; sleep 10", timeout=4)
+        stop.set()
+        th.join()
+        assert r.timed_out
+        trial.info["max_procs"] = max(samples)
+        r = trial.exec("awk 'BEGIN { s = \"xxxxxxxxxxxxxxxx\"; while (1) { s = s s; print length(s); fflush() } }'",
+                       timeout=30)
+        sizes = [int(x) for x in r.output.split() if x.isdigit()]
+        assert sizes and max(sizes) <= 256 << 20 and r.limit == "memory", r.output[-300:]
+        r = trial.exec("dd if=/dev/zero of=/workspace/big bs=1M count=500 2>&1; echo rc=$?", timeout=30)
+        assert os.path.getsize(Path(trial.sandbox.layer) / "workspace" / "big") == 32 << 20
+        assert "rc=153" in r.output or "File size limit" in r.output, r.output
+        r = trial.exec("rm /workspace/big; echo rm=$?")
+        assert "rm=0" in r.output and not (Path(trial.sandbox.layer) / "workspace" / "big").exists(), r
+        r = trial.exec("for i in $(seq 500); do head -c 1048576 /dev/zero > /root/f$i || break; done", timeout=60)
+        assert r.limit == "disk" and r.exit_code is None, r
+        trial.info["disk_mb_at_kill"] = trial.sandbox.disk_usage()[0] >> 20
+        trial.info["layer_mb"] = sum(p.stat().st_size for p in (Path(trial.sandbox.layer) / "root").glob("f*")) >> 20
+
+    r = run_trial(task, agent, config=TrialConfig(sandbox=config, images=images), trial_dir=tmp_path / "trial")
+    assert r.outcome == Outcome.OK and r.reward == 0.0, r.error
+    assert 32 <= r.info["max_procs"] <= config.max_processes + 1, r.info
+    assert r.limits_hit.get("pids", 0) >= 1 and r.limits_hit.get("memory") == 1 and r.limits_hit.get("disk") == 1
+    assert 64 <= r.info["layer_mb"] <= r.info["disk_mb_at_kill"] < 64 + 400, r.info
+
+
+def test_host_uid_and_unsafe_backend_are_refused(task_root, images, tmp_path):
+    task = load_task(write_task(task_root, "refused"), environment_backend="image")
+    for sb, word in ((SandboxConfig(limits_backend="rlimit", host_uid=65534), "host_uid"),
+                     (SandboxConfig(backend="UNSAFE_host_no_isolation"), "needs bwrap")):
+        if sb.host_uid is not None and os.geteuid() != 0:
+            continue
+        with pytest.raises(SandboxError, match=word):
+            Trial(task, tmp_path / word.replace(" ", "_"), TrialConfig(sandbox=sb, images=images)).start()
+
+
+def test_dockerfile_bases():
+    text = "ARG V=3.12\nFROM python:${V}-slim AS build\nRUN x\nFROM build\nFROM --platform=linux/amd64 ubuntu:24.04\n" \
+           "COPY --from=build /a /a\n"
+    assert dockerfile_bases(text) == ["python:3.12-slim", "ubuntu:24.04"]
+
+
+def test_config_keys_are_validated_with_one_line_errors():
+    from jaxrl import config as config_lib
+
+    c = config_lib.base_config()
+    assert c.harbor.environment_backend == "profile"
+    for key, bad, words in (("environment_backend", "docker", "use 'profile', 'image' or 'auto'"),
+                            ("base_images", ("ubuntu:24.04",), "not 'FROM name=local image'"),
+                            ("build_concurrency", 0, ">= 1"), ("image_cache_max_mb", -5, "positive")):
+        c2 = config_lib.base_config()
+        c2.harbor[key] = bad
+        with pytest.raises(config_lib.ConfigError) as e:
+            config_lib._validate_harbor(c2, False)
+        assert f"harbor.{key}" in str(e.value) and words in str(e.value) and "\n" not in str(e.value)
+    c.harbor.base_images = ("ubuntu:24.04=" + STAND_IN,)
+    config_lib._validate_harbor(c, False)
+    assert config_lib.image_cache_config(c.harbor).base_images == BASE_MAP

@@ -162,7 +162,8 @@ def test_refused_task_builds_and_passes_the_gate(task_root, images, capsys, tmp_
     rewards = sorted((p.parent.parent.parent.name, p.read_text().strip())
                      for p in (tmp_path / "trials").rglob("verifier/reward.txt"))
     assert sorted(r for _, r in rewards) == ["0", "1"], rewards  # the oracle's trial 1, the empty agent's 0
-    tag = image_tag(context_hash(d / "environment", dict(BASE_MAP), "buildah"))
+    tag = image_tag(context_hash(d / "environment", dict(BASE_MAP), "buildah",
+                                 base_ids={"ubuntu:24.04": _image_id(STAND_IN)}))
     assert _image_id(tag), tag  # the image is the one named by the context hash
 
     wrong = write_task(task_root, "multistage-wrong", solve='echo wrong > "$PWD/out.txt"\n')
@@ -228,6 +229,28 @@ def test_second_ensure_reuses_the_image_and_a_changed_file_changes_the_hash(task
     assert len({h0, h1, h2}) == 3
     assert context_hash(d / "environment", {}) != h2  # the base-image map is part of it
     _buildah("rmi", ref, check=False)
+
+
+def test_a_base_rebuilt_under_the_same_name_gives_a_new_task_image(task_root, images):
+    """Review of the first slice: the hash held the base's name, not its image, so a rebuilt stand-in
+    kept serving task images built on the old one."""
+    base = "localhost/jaxrl-test-base:1"
+    _buildah("tag", STAND_IN, base)
+    d = write_task(task_root, "rebased", dockerfile=f"FROM {base}\nCOPY data.txt /data.txt\n")
+    cache = ImageCache(images)
+    before = cache.tag_for(load_task(d, environment_backend="image"))
+    c = _buildah("from", "--pull=never", "-q", STAND_IN)  # the same name, now another image
+    try:
+        _buildah("copy", c, str(d / "environment" / "data.txt"), "/rebuilt.txt")
+        _buildah("commit", "-q", c, base)
+    finally:
+        _buildah("rm", c, check=False)
+    assert _image_id(base) != _image_id(STAND_IN)
+    after = cache.tag_for(load_task(d, environment_backend="image"))
+    assert after != before
+    assert after == image_tag(context_hash(d / "environment", dict(BASE_MAP), "buildah",
+                                           base_ids={base: _image_id(base)}))
+    _buildah("rmi", "-f", base, check=False)
 
 
 def test_lru_cap_evicts_the_least_recently_used_and_keeps_the_one_in_use(task_root, images, tmp_path):

@@ -73,7 +73,7 @@ def _file_digest(path: str) -> str:
 
 
 def context_hash(env_dir: str | os.PathLike, base_images: Optional[dict] = None, builder: str = "buildah",
-                 docker_image: Optional[str] = None) -> str:
+                 docker_image: Optional[str] = None, base_ids: Optional[dict] = None) -> str:
     """The sha256 (hex) identifying one build: the context's files and the settings that change the image.
 
     Args:
@@ -81,10 +81,13 @@ def context_hash(env_dir: str | os.PathLike, base_images: Optional[dict] = None,
       base_images: the `{FROM name: local image}` map in force.
       builder: the builder's name.
       docker_image: task.toml's `[environment] docker_image`, if any.
+      base_ids: `{FROM name: image id}` of the local images the build starts from, so a base rebuilt
+        under the same name (a new stand-in) gives new task images instead of stale ones.
 
     Returns:
       64 hex digits over the sorted relative paths, each entry's type and permission bits, file contents,
-      symlink targets (never followed), the sorted base-image map, the builder name and docker_image.
+      symlink targets (never followed), the sorted base-image map and base ids, the builder name and
+      docker_image.
 
     Raises:
       OSError: the context cannot be read.
@@ -94,6 +97,8 @@ def context_hash(env_dir: str | os.PathLike, base_images: Optional[dict] = None,
     h.update(f"builder={builder}\0docker_image={docker_image or ''}\0".encode())
     for k, v in sorted((base_images or {}).items()):
         h.update(f"base={k}={v}\0".encode())
+    for k, v in sorted((base_ids or {}).items()):
+        h.update(f"base_id={k}={v}\0".encode())
     entries = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -378,7 +383,7 @@ class ImageCacheConfig:
         for pair in self.base_images:
             if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(s, str) and s for s in pair)):
                 raise ValueError(f"harbor.base_images entry {pair!r}: map image names to local images, "
-                                 "e.g. {'ubuntu:24.04': 'localhost/debian-stand-in:bookworm'}")
+                                 "e.g. 'ubuntu:24.04=localhost/debian-stand-in:bookworm'")
 
     @property
     def base_map(self) -> dict:
@@ -473,7 +478,23 @@ class ImageCache:
     def tag_for(self, task) -> str:
         """The image tag of `task`'s build context (no build)."""
         env_dir = Path(task.path) / "environment"
-        return image_tag(context_hash(env_dir, self.config.base_map, self.builder.name, task.config.docker_image))
+        return image_tag(context_hash(env_dir, self.config.base_map, self.builder.name, task.config.docker_image,
+                                      self._base_ids(env_dir)))
+
+    def _base_ids(self, env_dir: Path) -> dict:
+        """`{FROM name: image id}` of each base the Dockerfile names that is a local image (mapped or not);
+        stage names and bases not yet present are left out."""
+        dockerfile = env_dir / "Dockerfile"
+        if not dockerfile.is_file():
+            return {}
+        bases = self.config.base_map
+        out = {}
+        for name in dockerfile_bases(dockerfile.read_text(encoding="utf-8", errors="replace")):
+            local = bases.get(name) or bases.get(qualified(name)) or name
+            image_id = self.builder.image_id(local)
+            if image_id:
+                out[name] = image_id
+        return out
 
     def ensure(self, task) -> str:
         """The local image of `task`'s environment, built if this context has no image yet.
@@ -525,8 +546,8 @@ class ImageCache:
         ref = local or name
         if not self.builder.image_id(ref):
             raise ImageBuildError(f"task {task.name}: [environment] docker_image {name!r} is not a local image and "
-                                  f"images are not pulled; map it in harbor.base_images, e.g. {{{name!r}: "
-                                  "'localhost/debian-stand-in:bookworm'} (docs/terminal_tasks.md)")
+                                  f"images are not pulled; map it in harbor.base_images (--base-image), e.g. "
+                                  f"'{name}=localhost/debian-stand-in:bookworm' (docs/terminal_tasks.md)")
         return ref
 
     def _map_bases(self, task, text: str) -> None:
@@ -541,8 +562,8 @@ class ImageCache:
                     self.builder.tag(local, qualified(name))
             elif not self.config.pull and not (self.builder.image_id(name) or self.builder.image_id(qualified(name))):
                 raise ImageBuildError(f"task {task.name}: FROM {name}: no local image of that name and images are not "
-                                      f"pulled; map it in harbor.base_images, e.g. {{{name!r}: "
-                                      "'localhost/debian-stand-in:bookworm'} (docs/terminal_tasks.md)")
+                                      f"pulled; map it in harbor.base_images (--base-image), e.g. "
+                                      f"'{name}=localhost/debian-stand-in:bookworm' (docs/terminal_tasks.md)")
 
     def acquire(self, tag: str) -> None:
         """Marks `tag` in use by this process (never evicted until `release`)."""

@@ -1192,7 +1192,7 @@ def base_image_pairs(entries) -> tuple:
     out = []
     for e in entries or ():
         name, eq, local = str(e).partition("=") if isinstance(e, str) else ("", "", "")
-        if not (eq and name.strip() and local.strip()):
+        if not (eq and name.strip() and local.strip()) or "=" in local:
             raise ValueError(f"entry {e!r} is not 'FROM name=local image'")
         out.append((name.strip(), local.strip()))
     return tuple(out)

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import secrets
+import tempfile
 from typing import Any, Optional
 
 HF_CHECKPOINT_HINT = "an HF-format checkpoint directory (config.json + *.safetensors, as save_pretrained writes)"
@@ -179,21 +180,37 @@ def output_dir_problem(path: str) -> Optional[str]:
     return _creatable(path, os.path.abspath(path))
 
 
+def _write_probe(directory: str) -> Optional[str]:
+    """Why no file can be created in the existing `directory`, or None: the permission bits, then a real
+    probe (a temporary file created and removed), which also catches what `os.access` passes for root:
+    a read-only filesystem, /proc or /sys."""
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return "is a directory this user cannot write to"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".jaxrl-write-probe-", dir=directory)
+    except OSError as e:
+        return f"is a directory where no file can be created ({e.strerror or e})"
+    os.close(fd)
+    try:
+        os.unlink(probe)
+    except OSError:
+        pass
+    return None
+
+
 def _creatable(path: str, directory: str) -> Optional[str]:
     """Why `directory` (the folder `path` is or goes into) cannot be created or written, or None."""
     if os.path.exists(directory):
         if not os.path.isdir(directory):
             return (f"{path} exists and is a file, not a directory" if directory == os.path.abspath(path)
                     else f"{path} cannot be created: {directory} is a file, not a directory")
-        if not os.access(directory, os.W_OK | os.X_OK):
-            return f"{path} cannot be written: {directory} is a directory this user cannot write to"
-        return None
+        why = _write_probe(directory)
+        return f"{path} cannot be written: {directory} {why}" if why else None
     above = _nearest_existing(directory)
     if not os.path.isdir(above):
         return f"{path} cannot be created: {above} is a file, not a directory"
-    if not os.access(above, os.W_OK | os.X_OK):
-        return f"{path} cannot be created: {above} is a directory this user cannot write to"
-    return None
+    why = _write_probe(above)
+    return f"{path} cannot be created: {above} {why}" if why else None
 
 
 def output_file_problem(path: str) -> Optional[str]:

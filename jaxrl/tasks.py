@@ -153,6 +153,34 @@ def output_path_problem(args) -> str | None:
     return None
 
 
+def image_options_problem(args) -> str | None:
+    """One line naming the first image-backend flag (--base-image, --image-cache-dir,
+    --image-cache-max-mb, --build-concurrency) with a bad value, and the fix; None when all are good
+    (checked before any task is loaded or built)."""
+    if not hasattr(args, "base_image"):
+        return None
+    from jaxrl.config import base_image_pairs
+    from jaxrl.fileio import output_dir_problem
+
+    for entry in args.base_image or ():
+        try:
+            (name, local), = base_image_pairs((entry,))
+        except ValueError:
+            name, local = "", "="
+        if "=" in local or not name:
+            return (f"--base-image {entry!r}: not NAME=LOCAL. Fix: e.g. --base-image "
+                    "ubuntu:24.04=localhost/debian-stand-in:bookworm (an image name has no '=')")
+    if args.image_cache_dir:
+        problem = output_dir_problem(args.image_cache_dir)
+        if problem:
+            return f"--image-cache-dir: {problem}. Fix: pass a directory path in a writable folder"
+    if args.image_cache_max_mb < 1:
+        return f"--image-cache-max-mb {args.image_cache_max_mb}: must be a positive number of megabytes. Fix: e.g. 20480"
+    if args.build_concurrency < 1:
+        return f"--build-concurrency {args.build_concurrency}: must be at least 1. Fix: 1 fits 2 cores"
+    return None
+
+
 def main(argv=None) -> int:
     args_in = sys.argv[1:] if argv is None else list(argv)
     if args_in[:1] == ["funnel"]:  # its own options (jaxrl/envs/harbor/funnel.py)
@@ -229,7 +257,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if getattr(args, "concurrency", None) is not None and args.concurrency < 1:
         p.error("--concurrency must be >= 1")
-    problem = output_path_problem(args)
+    problem = output_path_problem(args) or image_options_problem(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

@@ -319,6 +319,36 @@ def test_gate_says_why_a_verifier_could_not_run(tmp_path):
     assert "1/3 tasks pass the gate" in table and "needs the network" in table
 
 
+def test_verifier_cause_of_an_offline_pip_install_and_of_a_long_build_error():
+    """The fresh-user review: a verifier that pip-installs pytest offline read as a missing module, and a
+    failed image build's fix and log path were cut from the gate's table."""
+    from jaxrl.envs.harbor.runner import _describe, verifier_cause
+    from jaxrl.envs.harbor.trial import TrialResult
+
+    r = TrialResult("t", "t__1", Outcome.OK, 0.0, verifier_exit_code=1,
+                    test_output="ERROR: Could not find a version that satisfies the requirement pytest (from versions: "
+                                "none)\nERROR: No matching distribution found for pytest\n/usr/bin/python3: No module "
+                                "named pytest\n")
+    assert verifier_cause(r).startswith("verifier exit 1: the verifier needs the network"), verifier_cause(r)
+    err = "task x: the build failed at STEP 3/5: RUN false: exit status 1; " + "y" * 200 + "; fix that step (log: /l.log)"
+    d = _describe(TrialResult("t", "t__1", Outcome.SANDBOX_ERROR, 0.0, error=err))
+    assert d.endswith("(log: /l.log)") and "STEP 3/5" in d, d
+
+
+@pytest.mark.parametrize("args,start", [
+    (["--base-image", "ubuntu:24.04"], "error: --base-image 'ubuntu:24.04': not NAME=LOCAL. Fix: e.g. --base-image "),
+    (["--base-image", "a=b=c"], "error: --base-image 'a=b=c': not NAME=LOCAL."),
+    (["--image-cache-dir", "/proc/nope"], "error: --image-cache-dir: /proc/nope cannot be created: /proc is a "),
+    (["--build-concurrency", "0"], "error: --build-concurrency 0: must be at least 1. Fix: "),
+    (["--image-cache-max-mb", "-5"], "error: --image-cache-max-mb -5: must be a positive number of megabytes. Fix: "),
+])
+def test_image_backend_flags_are_checked_first_in_one_line(args, start):
+    """The fresh-user review: these flags gave an errno line, no flag name, or an error after 'checking ...'."""
+    out = subprocess.run([sys.executable, "-m", "jaxrl.tasks", "check", *args], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+    assert out.returncode == 2 and out.stderr.startswith(start) and len(out.stderr.splitlines()) == 1, out.stderr
+
+
 def test_cli(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     run = lambda *a: subprocess.run([sys.executable, "-m", "jaxrl.tasks", *a], capture_output=True, text=True,

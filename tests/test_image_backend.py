@@ -29,7 +29,7 @@ from harbor_helpers import descendants, limit_configs  # noqa: E402
 from jaxrl.envs.harbor import Outcome, SandboxConfig, Trial, TrialConfig, load_task, run_trial  # noqa: E402
 from jaxrl.envs.harbor.errors import SandboxError  # noqa: E402
 from jaxrl.envs.harbor.images import (BuildahBuilder, ImageCache, ImageCacheConfig, ImageSandbox,  # noqa: E402
-                                      context_hash, dockerfile_bases, image_tag)
+                                      context_hash, dockerfile_bases, image_tag, rewrite_bases)
 
 STAND_IN = "localhost/debian-stand-in:bookworm"
 BASE_MAP = (("ubuntu:24.04", STAND_IN),)
@@ -480,6 +480,43 @@ def test_host_uid_and_unsafe_backend_are_refused(task_root, images, tmp_path):
             continue
         with pytest.raises(SandboxError, match=word):
             Trial(task, tmp_path / word.replace(" ", "_"), TrialConfig(sandbox=sb, images=images)).start()
+
+
+def test_rewrite_bases_maps_from_and_copy_from_without_touching_stages():
+    text = ("ARG BASE=python:3.12\nFROM ubuntu:24.04 AS gen\nRUN true\nFROM ${BASE}\n"
+            "COPY --from=gen /a /a\nCOPY --from=ghcr.io/astral-sh/uv:0.5.0 /uv /bin/uv\n"
+            "COPY --from=docker.io/library/busybox:1 /bin/busybox /bin/\nFROM scratch\nCOPY --from=1 /x /x\n")
+    new, unmapped = rewrite_bases(text, {"ubuntu:24.04": "localhost/u:1", "docker.io/library/python:3.12": "localhost/p:1",
+                                         "busybox:1": "localhost/b:1"})
+    assert new == ("ARG BASE=python:3.12\nFROM localhost/u:1 AS gen\nRUN true\nFROM localhost/p:1\n"
+                   "COPY --from=gen /a /a\nCOPY --from=ghcr.io/astral-sh/uv:0.5.0 /uv /bin/uv\n"
+                   "COPY --from=docker.io/library/busybox:1 /bin/busybox /bin/\nFROM scratch\nCOPY --from=1 /x /x\n"), new
+    # busybox's qualified name is not a key: only the short name is, and qualified() of the long name is itself
+    assert unmapped == ["ghcr.io/astral-sh/uv:0.5.0", "docker.io/library/busybox:1"]
+
+
+def test_a_build_never_retags_a_shared_name(task_root, images):
+    """The fresh-user review: mapping FROM ubuntu:24.04 retagged docker.io/library/ubuntu:24.04 in the
+    shared image store, so later unmapped builds (and other processes' maps) used the last mapping."""
+    name = f"jaxrl-test-base-{uuid.uuid4().hex[:8]}:1"  # a name only this test uses
+    mapped = ImageCacheConfig(base_images=BASE_MAP + ((name, STAND_IN),), cache_dir=images.cache_dir)
+    d = write_task(task_root, "no-retag", dockerfile=f"FROM {name}\nCOPY data.txt /data.txt\n")
+    (d / "environment" / "data.txt").write_text(f"no-retag {uuid.uuid4().hex}\n")
+    ref = ImageCache(mapped).ensure(load_task(d, environment_backend="image"))
+    assert _cat(ref, "data.txt") == (d / "environment" / "data.txt").read_text()
+    assert _image_id(f"docker.io/library/{name}") == "" and _image_id(name) == ""  # no tag was made
+    _buildah("rmi", ref, check=False)
+    _buildah("rmi", f"docker.io/library/{name}", check=False)
+
+
+def test_auto_gives_a_task_with_only_a_prebuilt_image_that_image(task_root):
+    """The fresh-user review: under auto, `[environment] docker_image = "ubuntu:22.04"` without a
+    Dockerfile ran on the host's shell profile instead of the image."""
+    d = write_task(task_root, "prebuilt-only")
+    (d / "environment" / "Dockerfile").unlink()
+    (d / "task.toml").write_text((d / "task.toml").read_text() + 'docker_image = "ubuntu:22.04"\n')
+    assert load_task(d, environment_backend="auto").environment.profile == "image"
+    assert load_task(d, environment_backend="profile").environment.profile == "shell"  # the profile path's reading
 
 
 def test_dockerfile_bases():

@@ -56,3 +56,28 @@ def test_funnel_of_a_small_collection(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "jaxrl.tasks", "funnel", str(tmp_path / "nope")],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Fix:" in bad.stderr, bad.stderr
+
+
+def test_funnel_bad_inputs_are_one_line_each(tmp_path):
+    """The fresh-user review: --json under /proc gave a traceback, an empty folder printed '0 tasks'
+    with status 0, a missing folder was 'not a directory'."""
+    root = tmp_path / "set"
+    write_task_dir(root, "ok")
+    (tmp_path / "empty").mkdir()
+    run = lambda *a: subprocess.run([sys.executable, "-m", "jaxrl.tasks", "funnel", *a], capture_output=True,
+                                    text=True, cwd=REPO, timeout=120)
+    for args, start in ((["--json", "/proc/x.json", str(root)], "error: --json: /proc/x.json cannot be written: /proc "),
+                        ([str(tmp_path / "empty")], f"error: no task found under {tmp_path / 'empty'}"),
+                        ([str(tmp_path / "nope")], f"error: {tmp_path / 'nope'} does not exist. Fix:")):
+        out = run(*args)
+        assert out.returncode == 2 and out.stderr.startswith(start) and len(out.stderr.splitlines()) == 1, out.stderr
+        assert "Traceback" not in out.stderr
+
+
+def test_output_paths_are_probed_for_real_writes():
+    """os.access passes for root on /proc (and on read-only filesystems); a real probe does not."""
+    from jaxrl.fileio import output_dir_problem, output_file_problem
+
+    assert output_file_problem("/proc/x.json").startswith("/proc/x.json cannot be written: /proc is a directory "
+                                                          "where no file can be created")
+    assert output_dir_problem("/proc/run/sub").startswith("/proc/run/sub cannot be created: /proc is a directory")

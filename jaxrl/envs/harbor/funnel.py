@@ -132,10 +132,11 @@ def summarize(loads: Sequence[TaskLoad]) -> dict:
 def format_summary(name: str, s: dict) -> str:
     """The funnel as a plain-text table."""
     n, ok = s["tasks"], s["loaded"]
+    w = max([len("cause")] + [len(c) for c in s["causes"]])
     lines = [f"{name}: {n} tasks, {ok} load ({100 * ok / max(n, 1):.1f}%), {n - ok} refused",
-             f"  {'cause':<72} {'tasks':>6} {'first':>6} {'alone':>6}"]
+             f"  {'cause':<{w}} {'tasks':>6} {'first':>6} {'alone':>6}"]
     for c, v in s["causes"].items():
-        lines.append(f"  {c:<72} {v['tasks']:>6} {v['first']:>6} {v['alone']:>6}")
+        lines.append(f"  {c:<{w}} {v['tasks']:>6} {v['first']:>6} {v['alone']:>6}")
     return "\n".join(lines)
 
 
@@ -144,10 +145,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("paths", nargs="+", help="folders searched for task directories (each a collection)")
     p.add_argument("--json", help="write every task's load, blockers and causes here")
     args = p.parse_args(argv)
-    missing = [x for x in args.paths if not os.path.isdir(x)]
-    if missing:
-        print(f"error: {missing[0]} is not a directory. Fix: pass folders that hold task directories", file=sys.stderr)
-        return 2
+    for x in args.paths:
+        if not os.path.isdir(x):
+            what = "is not a directory" if os.path.exists(x) else "does not exist"
+            print(f"error: {x} {what}. Fix: pass folders that hold task directories (each with a task.toml)",
+                  file=sys.stderr)
+            return 2
+        if not find_tasks([x]):
+            print(f"error: no task found under {x} (a task is a directory with a task.toml). Fix: pass a folder "
+                  "of Harbor tasks", file=sys.stderr)
+            return 2
+    if args.json:
+        from jaxrl.fileio import output_file_problem
+
+        problem = output_file_problem(args.json)
+        if problem:
+            print(f"error: --json: {problem}. Fix: pass a JSON file path in a writable folder", file=sys.stderr)
+            return 2
     report, every = {}, []
     for root in args.paths:
         loads = load_stage(find_tasks([root]))
@@ -157,6 +171,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(format_summary(root, s))
     if len(args.paths) > 1:
         print(format_summary("all", summarize(every)))
+    if not all(x.loaded for x in every):
+        print("(counts for the profile path; tasks it refuses can be built from their Dockerfile: "
+              "python -m jaxrl.tasks check PATH --environment-backend auto, docs/terminal_tasks.md)")
     if args.json:
         from jaxrl.fileio import atomic_write_json
 

@@ -35,6 +35,7 @@ import os
 import re
 import shlex
 import shutil
+import sys
 import stat
 import subprocess
 import threading
@@ -162,6 +163,68 @@ def qualified(name: str) -> str:
     return f"docker.io/{name}" if "/" in name else f"docker.io/library/{name}"
 
 
+def rewrite_bases(text: str, mapping: dict) -> tuple[str, list[str]]:
+    """The Dockerfile with each mapped external image replaced by its local image, and the external
+    images it still names.
+
+    `FROM name` (also `FROM ${ARG}` with an ARG default before the first FROM) and `COPY --from=name`
+    whose name (or its docker.io-qualified form) is a key of `mapping` get the mapped local image, so
+    a build never retags a shared name in the image store; stage names and `scratch` are kept.
+
+    Returns:
+      (new text, [external image names not mapped, in order]).
+    """
+    args: dict = {}
+    stages: set = set()
+    unmapped: list = []
+    seen_from = False
+
+    def expand(word: str) -> str:
+        return re.sub(r"\$\{?(\w+)(?::-([^}]*))?\}?", lambda m: args.get(m.group(1), m.group(2) or ""), word)
+
+    def local(name: str) -> Optional[str]:
+        return mapping.get(name) or mapping.get(qualified(name))
+
+    out = []
+    for line in text.splitlines(keepends=True):
+        st = line.strip()
+        op, _, rest = st.partition(" ")
+        op = op.upper()
+        if op == "ARG" and not seen_from:
+            k, eq, v = rest.strip().partition("=")
+            if eq:
+                args[k.strip()] = v.strip().strip('"')
+        elif op == "FROM":
+            seen_from = True
+            words = rest.split()
+            i = next((j for j, w in enumerate(words) if not w.startswith("--")), None)
+            if i is not None:
+                name = expand(words[i])
+                if len(words) > i + 2 and words[i + 1].lower() == "as":
+                    alias = words[i + 2].lower()
+                else:
+                    alias = None
+                if name.lower() not in stages and name != "scratch":
+                    if local(name):
+                        words[i] = local(name)
+                        line = line[:len(line) - len(line.lstrip())] + "FROM " + " ".join(words) + "\n"
+                    elif name not in unmapped:
+                        unmapped.append(name)
+                if alias:
+                    stages.add(alias)
+        elif op in ("COPY", "ADD"):
+            m = re.search(r"--from=(\S+)", line)
+            if m:
+                name = expand(m.group(1))
+                if name.lower() not in stages and not name.isdigit():
+                    if local(name):
+                        line = line[:m.start(1)] + local(name) + line[m.end(1):]
+                    elif name not in unmapped:
+                        unmapped.append(name)
+        out.append(line)
+    return "".join(out), unmapped
+
+
 # ---------------------------------------------------------------------------------------------
 # Builders
 
@@ -258,9 +321,10 @@ class BuildahBuilder(Builder):
     def tag(self, src: str, dst: str) -> None:
         self._run("tag", src, dst)
 
-    def build(self, context: str, tag: str, log_path: str, *, pull: bool, timeout: float) -> None:
+    def build(self, context: str, tag: str, log_path: str, *, pull: bool, timeout: float,
+              dockerfile: Optional[str] = None) -> None:
         argv = [self.exe, "bud", "--isolation", "chroot", "--pull=true" if pull else "--pull=never", "--layers=false",
-                "-t", tag, "-f", os.path.join(context, "Dockerfile")]
+                "-t", tag, "-f", dockerfile or os.path.join(context, "Dockerfile")]
         if os.path.isfile(HOST_CA):
             # pip in RUN steps verifies against the host's CA bundle. buildah 1.28's --env reaches only the
             # committed image (and --unsetenv hides it from RUN too), so a pip config file bound for the build
@@ -524,12 +588,16 @@ class ImageCache:
             if self.builder.image_id(tag):  # another process built it while we waited
                 self._touch(tag, task=task.name)
                 return tag
-            self._map_bases(task, dockerfile.read_text(encoding="utf-8", errors="replace"))
+            text = self._map_bases(task, dockerfile.read_text(encoding="utf-8", errors="replace"))
             log_path = str(self.dir / "logs" / f"{tag.rsplit(':', 1)[1]}.log")
+            mapped = self.dir / "logs" / f"{tag.rsplit(':', 1)[1]}.Dockerfile"  # FROM names -> local images
+            _atomic_write(mapped, text)
             t0 = time.monotonic()
+            print(f"jaxrl: building the image of task {task.name} ({tag}; log {log_path})", file=sys.stderr,
+                  flush=True)
             try:
                 self.builder.build(str(env_dir), tag, log_path, pull=self.config.pull,
-                                   timeout=float(task.config.build_timeout_sec))
+                                   timeout=float(task.config.build_timeout_sec), dockerfile=str(mapped))
             except ImageBuildError as e:
                 raise ImageBuildError(f"task {task.name}: {e}") from None
             log.info("task %s: built %s in %.1f s", task.name, tag, time.monotonic() - t0)
@@ -550,20 +618,28 @@ class ImageCache:
                                   f"'{name}=localhost/debian-stand-in:bookworm' (docs/terminal_tasks.md)")
         return ref
 
-    def _map_bases(self, task, text: str) -> None:
+    def _map_bases(self, task, text: str) -> str:
+        """The Dockerfile text to build: mapped base images (FROM, COPY --from) replaced by their local
+        images (`rewrite_bases`; nothing in the image store is retagged), every image checked first.
+
+        Raises:
+          ImageBuildError: a mapped local image that does not exist, or (images not pulled) an unmapped
+            image with no local copy, naming the task, the image and the fix.
+        """
         bases = self.config.base_map
         for name in dockerfile_bases(text):
             local = bases.get(name) or bases.get(qualified(name))
-            if local:
-                if not self.builder.image_id(local):
-                    raise ImageBuildError(f"task {task.name}: harbor.base_images maps FROM {name} to {local!r}, which "
-                                          "is not a local image; build it first (docs/terminal_tasks.md: the base stand-in)")
-                if self.builder.image_id(qualified(name)) != self.builder.image_id(local):
-                    self.builder.tag(local, qualified(name))
-            elif not self.config.pull and not (self.builder.image_id(name) or self.builder.image_id(qualified(name))):
-                raise ImageBuildError(f"task {task.name}: FROM {name}: no local image of that name and images are not "
-                                      f"pulled; map it in harbor.base_images (--base-image), e.g. "
-                                      f"'{name}=localhost/debian-stand-in:bookworm' (docs/terminal_tasks.md)")
+            if local and not self.builder.image_id(local):
+                raise ImageBuildError(f"task {task.name}: harbor.base_images maps {name} to {local!r}, which is not a "
+                                      "local image; build it first (docs/terminal_tasks.md, 'A local base image')")
+        new, unmapped = rewrite_bases(text, bases)
+        for name in unmapped:
+            if not self.config.pull and not (self.builder.image_id(name) or self.builder.image_id(qualified(name))):
+                raise ImageBuildError(f"task {task.name}: image {name} (FROM or COPY --from): no local image of that "
+                                      f"name and images are not pulled; map it in harbor.base_images (--base-image), "
+                                      f"e.g. '{name}=localhost/debian-stand-in:bookworm' (docs/terminal_tasks.md, "
+                                      "'A local base image')")
+        return new
 
     def acquire(self, tag: str) -> None:
         """Marks `tag` in use by this process (never evicted until `release`)."""

@@ -182,7 +182,8 @@ class TaskCheck:
 # downloads its test tools fails to resolve the host, then fails to find the tool).
 _VERIFIER_CAUSES = (
     (re.compile(r"Could not resolve host|Temporary failure in name resolution|Name or service not known|"
-                r"Network is unreachable|Failed to establish a new connection|getaddrinfo failed"),
+                r"Network is unreachable|Failed to establish a new connection|getaddrinfo failed|"
+                r"No matching distribution found|Could not find a version that satisfies the requirement"),
      "the verifier needs the network, which the sandbox does not give (no network unless the task sets "
      "allow_internet): install its tools in the task's environment instead"),
     (re.compile(r"(?m)([\w./+-]+): (?:command )?not found\s*$"),
@@ -219,8 +220,8 @@ def verifier_cause(r: TrialResult) -> str:
 
 def _describe(r: TrialResult) -> str:
     s = f"reward {r.reward:g} ({r.outcome})"
-    if r.error and r.outcome != Outcome.OK:
-        s += f": {r.error[:120]}"
+    if r.error and r.outcome != Outcome.OK:  # whole, up to 600 characters: the fix and the log path are at its end
+        s += f": {r.error if len(r.error) <= 600 else r.error[:300] + ' ... ' + r.error[-295:]}"
     return s
 
 

@@ -365,7 +365,7 @@ def load_task(path: str | os.PathLike, *, source: str = "", environment_backend:
       source: label for messages (default: the path).
       environment_backend: "profile" (read the Dockerfile against host profiles), "image" (build it:
         `images.py`; the environment's profile is then "image") or "auto" (profile when the Dockerfile
-        loads as one, else image).
+        loads as one, else image; a task with only `[environment] docker_image` takes that image).
 
     Raises:
       HarborTaskError: naming the task path and the missing or invalid piece.
@@ -403,7 +403,9 @@ def _environment(p: Path, config: TaskConfig, where: str, backend: str):
 
     if backend not in BACKENDS:
         raise HarborTaskError(f"harbor.environment_backend={backend!r}: use one of {list(BACKENDS)}")
-    if backend == "image":
+    prebuilt = config.docker_image and not (p / "environment" / "Dockerfile").is_file()
+    if backend == "image" or (backend == "auto" and prebuilt):
+        # auto: a prebuilt image holds what it holds (only a Dockerfile can be read against a profile)
         spec = image_spec(p / "environment", config, f"{where}/environment")
     else:
         try:

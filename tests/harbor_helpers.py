@@ -105,3 +105,29 @@ def traversable_tmpdir() -> Path:
     d = Path(tempfile.mkdtemp(prefix="jaxrl-test-trials-", dir="/tmp"))
     os.chmod(d, 0o711)
     return d
+
+
+# The start of the escape-probe scripts run inside a sandbox (tests/test_sandbox.py and
+# tests/test_image_backend.py): `probe(name, fn)` records "ESCAPED: ..." when fn returns and
+# "blocked: ..." when it raises, then the network probes both backends share.
+PROBE_PRELUDE = r'''
+E = os.environ
+res = {}
+def probe(name, fn):
+    try:
+        res[name] = "ESCAPED: " + repr(fn())[:200]
+    except Exception as e:
+        res[name] = "blocked: " + type(e).__name__ + " " + str(e)[:100]
+def tcp(host, port):
+    s = socket.create_connection((host, port), timeout=3); s.close(); return "connected"
+def raise_if(cond, what):
+    if cond: return what
+    raise RuntimeError("not possible")
+probe("tcp_host_loopback", lambda: tcp("127.0.0.1", int(E["HOST_PORT"])))
+probe("tcp_host_ip", lambda: tcp(E["HOST_IP"], int(E["HOST_PORT"])))
+probe("tcp_outside", lambda: tcp("1.1.1.1", 80))
+probe("dns", lambda: socket.getaddrinfo("example.com", 80))
+def abstract():
+    s = socket.socket(socket.AF_UNIX); s.settimeout(3); s.connect("\0" + E["ABSTRACT"]); return "connected"
+probe("abstract_unix_socket", abstract)
+'''

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(shutil.which("buildah") is None,
                                 reason="buildah is not installed (apt-get install buildah mmdebstrap); "
                                        "the image backend builds with it")
 
-from harbor_helpers import descendants, limit_configs  # noqa: E402
+from harbor_helpers import PROBE_PRELUDE, descendants, limit_configs  # noqa: E402
 
 from jaxrl.envs.harbor import Outcome, SandboxConfig, Trial, TrialConfig, load_task, run_trial  # noqa: E402
 from jaxrl.envs.harbor.errors import SandboxError  # noqa: E402
@@ -285,26 +285,7 @@ def test_lru_cap_evicts_the_least_recently_used_and_keeps_the_one_in_use(task_ro
 
 PROBES = r'''
 import ctypes, json, os, platform, socket, sys
-E = os.environ
-res = {}
-def probe(name, fn):
-    try:
-        res[name] = "ESCAPED: " + repr(fn())[:200]
-    except Exception as e:
-        res[name] = "blocked: " + type(e).__name__ + " " + str(e)[:100]
-def tcp(host, port):
-    s = socket.create_connection((host, port), timeout=3); s.close(); return "connected"
-def raise_if(cond, what):
-    if cond: return what
-    raise RuntimeError("not possible")
-probe("tcp_host_loopback", lambda: tcp("127.0.0.1", int(E["HOST_PORT"])))
-probe("tcp_host_ip", lambda: tcp(E["HOST_IP"], int(E["HOST_PORT"])))
-probe("tcp_outside", lambda: tcp("1.1.1.1", 80))
-probe("dns", lambda: socket.getaddrinfo("example.com", 80))
-def abstract():
-    s = socket.socket(socket.AF_UNIX); s.settimeout(3); s.connect("\0" + E["ABSTRACT"]); return "connected"
-probe("abstract_unix_socket", abstract)
-probe("read_host_secret", lambda: open(E["HOST_SECRET"]).read())
+''' + PROBE_PRELUDE + r'''probe("read_host_secret", lambda: open(E["HOST_SECRET"]).read())
 probe("read_other_trial", lambda: open(E["OTHER_TRIAL_FILE"]).read())
 probe("read_host_storage", lambda: os.listdir("/var/lib/containers"))
 probe("tests_visible", lambda: raise_if(os.path.exists("/tests"), os.listdir("/tests")))

@@ -27,7 +27,8 @@ import time
 
 import pytest
 
-from harbor_helpers import PY_DOCKERFILE, descendants, limit_configs, make_task, processes_with, traversable_tmpdir
+from harbor_helpers import (PROBE_PRELUDE, PY_DOCKERFILE, descendants, limit_configs, make_task, processes_with,
+                            traversable_tmpdir)
 
 
 @pytest.fixture
@@ -42,27 +43,7 @@ from jaxrl.envs.harbor.sandbox import disk_usage, read_file_nofollow, remove_tre
 
 ESCAPE_PROBES = r'''
 import ctypes, errno, json, os, socket, subprocess, sys
-E = os.environ
-res = {}
-def probe(name, fn):
-    try:
-        detail = fn()
-        res[name] = "ESCAPED: " + repr(detail)[:200]
-    except Exception as e:
-        res[name] = "blocked: " + type(e).__name__ + " " + str(e)[:100]
-def tcp(host, port):
-    s = socket.create_connection((host, port), timeout=3); s.close(); return "connected"
-def raise_if(cond, what):
-    if cond: return what
-    raise RuntimeError("not possible")
-probe("tcp_host_loopback", lambda: tcp("127.0.0.1", int(E["HOST_PORT"])))
-probe("tcp_host_ip", lambda: tcp(E["HOST_IP"], int(E["HOST_PORT"])))
-probe("tcp_outside", lambda: tcp("1.1.1.1", 80))
-probe("dns", lambda: socket.getaddrinfo("example.com", 80))
-def abstract():
-    s = socket.socket(socket.AF_UNIX); s.settimeout(3); s.connect("\0" + E["ABSTRACT"]); return "connected"
-probe("abstract_unix_socket", abstract)
-probe("read_host_home", lambda: open(E["HOME_SECRET"]).read())
+''' + PROBE_PRELUDE + r'''probe("read_host_home", lambda: open(E["HOME_SECRET"]).read())
 probe("read_run_dir", lambda: open(E["RUN_SECRET"]).read())
 probe("read_other_trial", lambda: open(E["OTHER_TRIAL_FILE"]).read())
 probe("tests_visible", lambda: raise_if(os.path.exists("/tests"), os.listdir("/tests")))

@@ -128,30 +128,7 @@ def image_tag(digest: str) -> str:
 
 def dockerfile_bases(text: str) -> list[str]:
     """The external images a Dockerfile's `FROM` lines name (stage aliases excluded, `ARG` defaults expanded)."""
-    args: dict = {}
-    stages: set = set()
-    out: list = []
-    joined = re.sub(r"\\\r?\n", " ", text)
-    for line in joined.splitlines():
-        s = line.strip()
-        if not s or s.startswith("#"):
-            continue
-        op, _, rest = s.partition(" ")
-        op = op.upper()
-        if op == "ARG" and not out:
-            k, eq, v = rest.strip().partition("=")
-            if eq:
-                args[k.strip()] = v.strip().strip('"')
-        elif op == "FROM":
-            words = [w for w in rest.split() if not w.startswith("--")]
-            if not words:
-                continue
-            name = re.sub(r"\$\{?(\w+)(?::-([^}]*))?\}?", lambda m: args.get(m.group(1), m.group(2) or ""), words[0])
-            if len(words) >= 3 and words[1].lower() == "as":
-                stages.add(words[2].lower())
-            if name.lower() not in stages and name != "scratch" and name not in out:
-                out.append(name)
-    return out
+    return _scan_images(re.sub(r"\\\r?\n", " ", text), {})[2]
 
 
 def qualified(name: str) -> str:
@@ -174,9 +151,17 @@ def rewrite_bases(text: str, mapping: dict) -> tuple[str, list[str]]:
     Returns:
       (new text, [external image names not mapped, in order]).
     """
+    new, unmapped, _ = _scan_images(text, mapping)
+    return new, unmapped
+
+
+def _scan_images(text: str, mapping: dict) -> tuple[str, list[str], list[str]]:
+    """One pass over a Dockerfile's lines for `rewrite_bases` and `dockerfile_bases`: (the text with
+    mapped images replaced, the external images not mapped, the external images of FROM lines)."""
     args: dict = {}
     stages: set = set()
     unmapped: list = []
+    bases: list = []
     seen_from = False
 
     def expand(word: str) -> str:
@@ -187,8 +172,7 @@ def rewrite_bases(text: str, mapping: dict) -> tuple[str, list[str]]:
 
     out = []
     for line in text.splitlines(keepends=True):
-        st = line.strip()
-        op, _, rest = st.partition(" ")
+        op, _, rest = line.strip().partition(" ")
         op = op.upper()
         if op == "ARG" and not seen_from:
             k, eq, v = rest.strip().partition("=")
@@ -200,11 +184,10 @@ def rewrite_bases(text: str, mapping: dict) -> tuple[str, list[str]]:
             i = next((j for j, w in enumerate(words) if not w.startswith("--")), None)
             if i is not None:
                 name = expand(words[i])
-                if len(words) > i + 2 and words[i + 1].lower() == "as":
-                    alias = words[i + 2].lower()
-                else:
-                    alias = None
+                alias = words[i + 2].lower() if len(words) > i + 2 and words[i + 1].lower() == "as" else None
                 if name.lower() not in stages and name != "scratch":
+                    if name not in bases:
+                        bases.append(name)
                     if local(name):
                         words[i] = local(name)
                         line = line[:len(line) - len(line.lstrip())] + "FROM " + " ".join(words) + "\n"
@@ -222,7 +205,7 @@ def rewrite_bases(text: str, mapping: dict) -> tuple[str, list[str]]:
                     elif name not in unmapped:
                         unmapped.append(name)
         out.append(line)
-    return "".join(out), unmapped
+    return "".join(out), unmapped, bases
 
 
 # ---------------------------------------------------------------------------------------------

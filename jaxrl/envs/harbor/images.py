@@ -46,6 +46,7 @@ from typing import Optional, Sequence
 from jaxrl.envs.harbor.errors import SandboxError
 from jaxrl.envs.harbor.profiles import EnvironmentSpec
 from jaxrl.envs.harbor.sandbox import Limits, Sandbox, SandboxConfig, _profile_dir, disk_usage
+from jaxrl.fileio import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +315,7 @@ class BuildahBuilder(Builder):
             # names it; neither file stays in the image (an empty /etc/xdg/pip directory does).
             conf = os.path.join(os.path.dirname(log_path), "pip-host-ca.conf")
             if not os.path.isfile(conf):
-                _atomic_write(Path(conf), "[global]\ncert = /run/host-ca.crt\n")
+                atomic_write_text(conf, "[global]\ncert = /run/host-ca.crt\n")
             argv += ["-v", f"{HOST_CA}:/run/host-ca.crt:ro", "-v", f"{conf}:/etc/xdg/pip/pip.conf:ro"]
         for v in self.volumes:
             argv += ["-v", v]
@@ -441,15 +442,6 @@ class ImageCacheConfig:
         return Path(self.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "jaxrl", "images"))
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class ImageCache:
     """Builds task images once per build context and keeps them within a size cap (module docstring).
 
@@ -485,7 +477,7 @@ class ImageCache:
                 before = json.dumps(idx, sort_keys=True)
                 yield idx
                 if json.dumps(idx, sort_keys=True) != before:
-                    _atomic_write(p, json.dumps(idx, indent=1, sort_keys=True))
+                    atomic_write_text(str(p), json.dumps(idx, indent=1, sort_keys=True))
             finally:
                 fcntl.flock(lk, fcntl.LOCK_UN)
 
@@ -574,7 +566,7 @@ class ImageCache:
             text = self._map_bases(task, dockerfile.read_text(encoding="utf-8", errors="replace"))
             log_path = str(self.dir / "logs" / f"{tag.rsplit(':', 1)[1]}.log")
             mapped = self.dir / "logs" / f"{tag.rsplit(':', 1)[1]}.Dockerfile"  # FROM names -> local images
-            _atomic_write(mapped, text)
+            atomic_write_text(str(mapped), text)
             t0 = time.monotonic()
             print(f"jaxrl: building the image of task {task.name} ({tag}; log {log_path})", file=sys.stderr,
                   flush=True)

@@ -150,6 +150,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.harbor.image_cache_max_mb = 20480  # built task images kept; least recently used ones above it are removed
     c.harbor.build_concurrency = 1  # image builds at once (1 fits 2 cores)
     c.harbor.image_cache_dir = ""  # index, build locks and logs of the image cache; "" = ~/.cache/jaxrl/images
+    c.harbor.pip_mirror = ""  # a folder of wheels pip/uv in trials install from alone (no network needed); "" = none
 
     # ---- trainer --------------------------------------------------------------------------
     c.trainer = ml_collections.ConfigDict()
@@ -361,6 +362,8 @@ KEY_DOCS: dict[str, str] = {
     "harbor.image_cache_max_mb": "image backend: MB of built task images kept (least recently used removed above it)",
     "harbor.build_concurrency": "image backend: image builds at once",
     "harbor.image_cache_dir": "image backend: index, locks and build logs; '' = ~/.cache/jaxrl/images",
+    "harbor.pip_mirror": "a folder of wheels (pip download -d DIR ...) bound into every trial; pip and uv install "
+                         "from it alone; '' = none",
     # trainer
     "trainer.num_steps": "RL steps (one rollout batch each); raise it and rerun to continue a finished run",
     "trainer.train_batch_size": "prompts per RL step, each sampled n_samples_per_prompt times",
@@ -1254,6 +1257,11 @@ def _validate_harbor(c: ml_collections.ConfigDict, check_inputs: bool) -> None:
              f"{h.build_concurrency!r} must be an integer >= 1", "use 1 on small machines")
     _require(isinstance(h.image_cache_dir, str), "harbor.image_cache_dir", f"{h.image_cache_dir!r} is not a path",
              "use '' (~/.cache/jaxrl/images) or a directory")
+    _require(isinstance(h.pip_mirror, str), "harbor.pip_mirror", f"{h.pip_mirror!r} is not a path",
+             "use '' (no mirror) or a folder of wheels")
+    if h.pip_mirror and check_inputs and _is_harbor_run(c):
+        _require(os.path.isdir(h.pip_mirror), "harbor.pip_mirror", f"{h.pip_mirror!r} is not a directory",
+                 "make it with `pip download -d DIR PKG==VER ...` (docs/terminal_tasks.md, 'Network'), or use ''")
     _require(isinstance(d.verify_tasks, bool), "data.verify_tasks", "must be True or False",
              "use True to gate Harbor tasks before training")
     _require(c.generator.max_input_tokens >= 0, "generator.max_input_tokens",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 
@@ -24,7 +25,7 @@ from jaxrl.envs.harbor import (SHIPPED_TASKS_DIR, UNSAFE_HOST_BACKEND, HarborTas
 
 def _trial_config(args, keep: str) -> TrialConfig:
     sb = SandboxConfig(backend=UNSAFE_HOST_BACKEND if args.UNSAFE_no_sandbox else "bwrap",
-                       limits_backend=args.limits, host_uid=args.host_uid)
+                       limits_backend=args.limits, host_uid=args.host_uid, pip_mirror=args.pip_mirror)
     return TrialConfig(agent_timeout_sec=args.agent_timeout, verifier_timeout_sec=args.verifier_timeout,
                        sandbox=sb, keep=keep, stop_agent_processes=args.stop_agent_processes,
                        images=_image_config(args))
@@ -92,13 +93,15 @@ def cmd_check(args) -> int:
     checks = check_tasks(tasks, config=config, concurrency=n, trials_dir=args.trials_dir)
     dt = time.monotonic() - t0
     print(format_check_table(checks, failures_only=not args.all))
-    print(f"({2 * len(tasks)} trials in {dt:.1f} s)", file=sys.stderr)
+    n_trials = sum((c.oracle is not None) + (c.empty is not None) for c in checks)
+    print(f"({n_trials} trials in {dt:.1f} s)", file=sys.stderr)
     if args.json:
         from jaxrl.fileio import atomic_write_json
 
         atomic_write_json(args.json, [{"task": c.task_name, "passed": c.passed, "problems": c.problems,
                                        "oracle": c.oracle.to_row() if c.oracle else None,
-                                       "empty": c.empty.to_row()} for c in checks])
+                                       "stage": c.stage,
+                                       "empty": c.empty.to_row() if c.empty else None} for c in checks])
     return 0 if all(c.passed for c in checks) else 1
 
 
@@ -170,6 +173,10 @@ def image_options_problem(args) -> str | None:
         if "=" in local or not name:
             return (f"--base-image {entry!r}: not NAME=LOCAL. Fix: e.g. --base-image "
                     "ubuntu:24.04=localhost/debian-stand-in:bookworm (an image name has no '=')")
+    mirror = getattr(args, "pip_mirror", None)
+    if mirror is not None and not os.path.isdir(mirror):
+        return (f"--pip-mirror {mirror!r}: not a directory. Fix: make it with `pip download -d {mirror} "
+                "pytest==VER ...` (docs/terminal_tasks.md, 'Network')")
     if args.image_cache_dir:
         problem = output_dir_problem(args.image_cache_dir)
         if problem:
@@ -216,6 +223,9 @@ def main(argv=None) -> int:
         sp.add_argument("--image-cache-max-mb", type=int, default=20480,
                         help="image backend: MB of built images kept (least recently used removed above it)")
         sp.add_argument("--build-concurrency", type=int, default=1, help="image backend: builds at once")
+        sp.add_argument("--pip-mirror", default=None, metavar="DIR",
+                        help="a folder of wheels (pip download -d DIR ...) bound into every trial; pip and uv "
+                             "install from it alone (verifiers that install pytest without network)")
         sp.add_argument("--stop-agent-processes", action="store_true",
                         help="kill the agent's (oracle's) processes before the verifier runs (default: they keep "
                              "running through verification, as in Harbor)")

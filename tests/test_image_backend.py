@@ -87,7 +87,7 @@ def stand_in():
             if shutil.which("mmdebstrap") is None:
                 pytest.fail("the Debian base stand-in needs mmdebstrap: apt-get install mmdebstrap")
             part = tar.with_suffix(".tar.part")
-            r = subprocess.run(["mmdebstrap", "--variant=minbase", "--include=ca-certificates", "bookworm", str(part)],
+            r = subprocess.run(["mmdebstrap", "--format=tar", "--variant=minbase", "--include=ca-certificates", "bookworm", str(part)],
                                capture_output=True, text=True, timeout=900)
             if r.returncode:
                 pytest.fail(f"mmdebstrap failed (it needs the Debian mirror): {r.stderr.strip()[-500:]}")
@@ -171,6 +171,74 @@ def test_refused_task_builds_and_passes_the_gate(task_root, images, capsys, tmp_
                   trial_dir=tmp_path / "wrong", agent=lambda trial: trial.run_oracle())
     assert (tmp_path / "wrong" / "logs" / "verifier" / "reward.txt").read_text().strip() == "0"
     assert r.outcome == Outcome.OK and r.reward == 0.0, r.error
+
+
+SEPARATE_TOML = """\
+artifacts = ["/root/results/r.json", "/root/results/link", "/root/results/dir"]
+[task]
+name = "separate-verifier"
+[agent]
+timeout_sec = 120
+[verifier]
+timeout_sec = 120
+environment_mode = "separate"
+[environment]
+memory_mb = 1024
+storage_mb = 512
+allow_internet = false
+"""
+SEPARATE_SOLVE = """\
+#!/bin/bash
+mkdir -p /root/results/dir/sub
+echo '{"answer": 42}' > /root/results/r.json
+echo nested > /root/results/dir/sub/n.txt
+ln -s /etc/hostname /root/results/link           # a symlink artifact: resolved on the host it would leak
+ln -s /etc/passwd /root/results/dir/sub/leak     # the host's files; it must not be followed or copied
+echo agent-only > /root/agent-only.txt           # not an artifact: the verifier must not see it
+"""
+SEPARATE_TEST = """\
+#!/bin/bash
+ok=1
+[ "$(cat /root/results/r.json 2>/dev/null)" = '{"answer": 42}' ] || { echo "no artifact"; ok=0; }
+[ "$(cat /root/results/dir/sub/n.txt 2>/dev/null)" = nested ] || { echo "no nested artifact"; ok=0; }
+[ -e /root/results/link ] || [ -L /root/results/link ] && { echo "symlink artifact copied"; ok=0; }
+[ -e /root/results/dir/sub/leak ] || [ -L /root/results/dir/sub/leak ] && { echo "inner symlink copied"; ok=0; }
+[ -e /root/agent-only.txt ] && { echo "the agent's container is shared"; ok=0; }
+[ -f /tests/verifier-image-marker ] || { echo "not the tests/Dockerfile image"; ok=0; }
+echo $ok > /logs/verifier/reward.txt
+"""
+
+
+def test_separate_verifier_gets_only_the_artifacts(task_root, images, tmp_path):
+    """`[verifier] environment_mode = "separate"` (the math-modeling tasks' form): the verifier runs in a
+    container of tests/Dockerfile, which receives the declared artifacts (regular files and directories;
+    symlinks skipped) and nothing else of the agent's container. The profile path refuses the mode."""
+    from jaxrl.envs.harbor import HarborTaskError
+
+    d = task_root / "separate-verifier"
+    for sub in ("environment", "tests", "solution"):
+        (d / sub).mkdir(parents=True)
+    (d / "task.toml").write_text(SEPARATE_TOML)
+    (d / "instruction.md").write_text("Write /root/results/r.json.\n")
+    (d / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nRUN mkdir -p /root/results\nWORKDIR /root\n")
+    (d / "tests" / "Dockerfile").write_text("FROM ubuntu:24.04\nCOPY . /tests/\n"
+                                            "RUN touch /tests/verifier-image-marker && mkdir -p /logs/verifier\n")
+    (d / "tests" / "test.sh").write_text(SEPARATE_TEST)  # mode 0644, as a checkout leaves it: chmodded as Harbor does
+    (d / "solution" / "solve.sh").write_text(SEPARATE_SOLVE)
+    with pytest.raises(HarborTaskError, match="separate verifier container needs the image backend"):
+        load_task(d)
+    task = load_task(d, environment_backend="auto")
+    assert task.environment.profile == "image" and task.config.artifacts[0] == "/root/results/r.json"
+    r = run_trial(task, config=TrialConfig(keep="all", images=images), trial_dir=tmp_path / "oracle",
+                  agent=lambda trial: trial.run_oracle())
+    out = (tmp_path / "oracle" / "verifier-env" / "logs" / "verifier" / "test-stdout.txt").read_text()
+    assert (tmp_path / "oracle" / "verifier-env" / "logs" / "verifier" / "reward.txt").read_text().strip() == "1", out
+    assert r.outcome == Outcome.OK and r.reward == 1.0, (r.error, out)
+    assert r.info["artifacts"]["missing"] == [] and len(r.info["artifacts"]["skipped"]) == 2, r.info
+    nop = run_trial(task, config=TrialConfig(keep="all", images=images), trial_dir=tmp_path / "nop",
+                    agent=lambda trial: None)
+    assert nop.outcome == Outcome.OK and nop.reward == 0.0, nop.error
+    assert len(nop.info["artifacts"]["missing"]) == 3
 
 
 def test_a_failing_build_is_one_clear_error(task_root, images, tmp_path):

@@ -73,7 +73,9 @@ def test_defaults_are_harbors():
     ('[verifier]\nallowed_hosts = ["x.org"]\n', "[verifier] allowed_hosts"),
     ('[agent]\nuser = "root"\n', "[agent] user"),
     ('[verifier]\nuser = 0\n', "[verifier] user"),
-    ('[verifier]\nenvironment_mode = "separate"\n', "[verifier] environment_mode"),
+    ('[verifier]\nenvironment_mode = "elsewhere"\n', "[verifier] environment_mode"),
+    ('[verifier]\nenvironment = { docker_image = "x" }\n', "[verifier] environment"),
+    ('artifacts = ["relative/out"]\n[verifier]\nenvironment_mode = "separate"\n', "artifacts"),
     ('[[verifier.collect]]\ncommand = "true"\nservice = "main"\n', "[verifier] collect"),
     ('[environment]\ngpus = 1\n', "[environment] gpus"),
     ('[environment]\ngpu_types = ["H100"]\n', "[environment] gpu_types"),
@@ -93,6 +95,15 @@ def test_unsupported_fields_are_refused_by_name(text, field):
         parse_task_toml(text, "t/task.toml")
     msg = str(e.value)
     assert field in msg and "\n" not in msg and msg.startswith("t/task.toml"), msg
+
+
+def test_a_separate_verifier_parses_with_its_artifacts():
+    """Harbor's separate verifier (the math-modeling tasks' form) parses; loading it on the profile path
+    is refused by `load_task` (tests/test_image_backend.py runs it on the image backend)."""
+    c = parse_task_toml('artifacts = ["/root/results/r.json", { source = "/root/out/" }]\n'
+                        '[verifier]\nenvironment_mode = "separate"\n')
+    assert c.verifier_mode == "separate" and c.artifacts == ("/root/results/r.json", "/root/out")
+    assert parse_task_toml("").verifier_mode == "shared" and parse_task_toml("").artifacts == ()
 
 
 def test_accepted_fields(monkeypatch):

@@ -1,13 +1,18 @@
-"""The funnel of a task collection: how many tasks load, and why the others do not, by cause.
+"""The funnel of a task collection: how many tasks load, build and pass the gate, and why the others do not.
 
-    python -m jaxrl.tasks funnel PATH [PATH ...] [--json OUT]
+    python -m jaxrl.tasks funnel PATH [PATH ...] [--json OUT]                       # load stage only
+    python -m jaxrl.tasks funnel PATH ... --environment-backend image --base-image NAME=LOCAL ... --gate
 
 Every directory under PATH holding a `task.toml` is one task. Each is loaded as `jaxrl.tasks check`
-would load it (`task.load_task`); a refused task's message lists every blocker of its Dockerfile
-(`profiles.resolve_environment`), and each blocker is given one cause from `CAUSES` (the first
-pattern that matches). The report counts, per cause, the tasks it blocks at all, the tasks where it is
-the first blocker, and the tasks it alone blocks (fix that cause and they load). It is a measurement,
-not a gate: nothing is built or run.
+would load it (`task.load_task`, with `--environment-backend`); a refused task's message lists every
+blocker (of its Dockerfile on the profile path, `profiles.resolve_environment`), and each blocker is
+given one cause from `CAUSES` (the first pattern that matches). The report counts, per cause, the
+tasks it blocks at all, the tasks where it is the first blocker, and the tasks it alone blocks (fix
+that cause and they load). Without `--gate` nothing is built or run.
+
+With `--gate`, the loaded tasks then go through `check_tasks`: the build stage (image backend: each
+image built once; a failed build's cause from `BUILD_CAUSES`, matched on its message) and the gate
+(oracle reward 1, empty agent 0; the cause of a failure from `runner.gate_cause`).
 """
 from __future__ import annotations
 
@@ -49,6 +54,27 @@ CAUSES: tuple[tuple[str, str], ...] = (
 )
 _PATTERNS = tuple((c, re.compile(p)) for c, p in CAUSES)
 OTHER = "other"
+
+# (cause, pattern on an `ImageBuildError` message, which ends with the build log's last error line).
+BUILD_CAUSES: tuple[tuple[str, str], ...] = (
+    ("base image with no local image", r"not a local image|no local image of that name"),
+    ("build timeout", r"ran longer than build_timeout_sec"),
+    ("download from a host not reachable here",
+     r"(?i)could not resolve|name or service not known|temporary failure in name resolution|network is unreachable|"
+     r"failed to establish|connection refused|huggingface|github\.com|astral\.sh"),
+    ("TLS certificate", r"(?i)certificate|ssl|tls"),
+    ("apt package missing from Debian", r"Unable to locate package|has no installation candidate"),
+    ("pip package or version not available", r"(?i)no matching distribution|could not find a version|"
+                                            r"no solution found|because there is no version"),
+    ("COPY/ADD source missing", r"(?i)(COPY|ADD)[^:]*:.*(no such file|not found|does not exist)"),
+    ("builder missing", r"(?i)buildah is not installed|builder .* not available"),
+)
+_BUILD_PATTERNS = tuple((c, re.compile(p)) for c, p in BUILD_CAUSES)
+
+
+def build_cause_of(message: str) -> str:
+    """The `BUILD_CAUSES` name of a failed build's message, or "build step failed"."""
+    return next((c for c, p in _BUILD_PATTERNS if p.search(message)), "build step failed")
 
 
 def cause_of(blocker: str) -> str:
@@ -94,15 +120,19 @@ def find_tasks(roots: Iterable[str | os.PathLike]) -> list[Path]:
     return sorted(found)
 
 
-def load_stage(tasks: Sequence[Path]) -> list[TaskLoad]:
-    """Loads every task (`load_task`) and records why each refused one was refused."""
+def load_stage(tasks: Sequence[Path], environment_backend: str = "profile", loaded: Optional[list] = None
+               ) -> list[TaskLoad]:
+    """Loads every task (`load_task`) and records why each refused one was refused; the loaded
+    `HarborTask`s are appended to `loaded` when given."""
     from jaxrl.envs.harbor.errors import HarborTaskError
     from jaxrl.envs.harbor.task import load_task
 
     out = []
     for t in tasks:
         try:
-            load_task(t)
+            task = load_task(t, environment_backend=environment_backend)
+            if loaded is not None:
+                loaded.append(task)
             out.append(TaskLoad(str(t), True, [], []))
         except (HarborTaskError, OSError, ValueError) as e:
             msg = str(e)
@@ -129,6 +159,39 @@ def summarize(loads: Sequence[TaskLoad]) -> dict:
                        for c, _ in sorted(any_.items(), key=lambda kv: (-kv[1], kv[0]))}}
 
 
+def gate_stage(tasks: Sequence, config, concurrency: Optional[int] = None,
+               trials_dir: Optional[str] = None) -> list[dict]:
+    """`check_tasks` over loaded tasks; one row per task: its stage reached ("build", "gate" or
+    "passed") and the cause of a failure (`build_cause_of` / `runner.gate_cause`) with the problem text."""
+    from jaxrl.envs.harbor.runner import check_tasks, gate_cause
+
+    rows = []
+    for t, c in zip(tasks, check_tasks(tasks, config=config, concurrency=concurrency, trials_dir=trials_dir)):
+        if c.passed:
+            rows.append({"task": str(t.path), "stage": "passed", "cause": "", "problem": ""})
+        elif c.stage == "build":
+            rows.append({"task": str(t.path), "stage": "build", "cause": build_cause_of(c.problems[0]),
+                         "problem": c.problems[0]})
+        else:
+            rows.append({"task": str(t.path), "stage": "gate", "cause": gate_cause(c), "problem": "; ".join(c.problems)})
+    return rows
+
+
+def format_stages(name: str, loads: Sequence[TaskLoad], rows: Sequence[dict]) -> str:
+    """The build and gate stages of the funnel as a plain-text table (counts per cause)."""
+    n_load = sum(ld.loaded for ld in loads)
+    built = [r for r in rows if r["stage"] != "build"]
+    passed = [r for r in rows if r["stage"] == "passed"]
+    lines = [f"{name}: {len(loads)} tasks, {n_load} load, {len(built)} build, {len(passed)} pass the gate "
+             f"({100 * len(passed) / max(len(loads), 1):.1f}% of all, {100 * len(passed) / max(n_load, 1):.1f}% "
+             "of those that load)"]
+    for stage in ("build", "gate"):
+        counts = collections.Counter(r["cause"] for r in rows if r["stage"] == stage)
+        for cause, k in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+            lines.append(f"  {stage} failed: {cause:<44} {k:>5}")
+    return "\n".join(lines)
+
+
 def format_summary(name: str, s: dict) -> str:
     """The funnel as a plain-text table."""
     n, ok = s["tasks"], s["loaded"]
@@ -144,7 +207,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jaxrl.tasks funnel", description=__doc__.split("\n\n")[0])
     p.add_argument("paths", nargs="+", help="folders searched for task directories (each a collection)")
     p.add_argument("--json", help="write every task's load, blockers and causes here")
+    p.add_argument("--environment-backend", choices=("profile", "image", "auto"), default="profile",
+                   help="how tasks are loaded, as `check` (default profile)")
+    p.add_argument("--gate", action="store_true", help="also build the loaded tasks and run the gate (oracle 1, "
+                   "empty agent 0): the build and gate stages")
+    p.add_argument("--concurrency", type=int, default=None, help="--gate: trials at a time (default: CPU cores)")
+    p.add_argument("--trials-dir", default=None, help="--gate: keep the trial directories here")
+    p.add_argument("--base-image", action="append", metavar="NAME=LOCAL", help="as `check`")
+    p.add_argument("--image-cache-dir", default=None, help="as `check`")
+    p.add_argument("--image-cache-max-mb", type=int, default=20480, help="as `check`")
+    p.add_argument("--build-concurrency", type=int, default=1, help="as `check`")
+    p.add_argument("--pip-mirror", default=None, metavar="DIR", help="as `check`")
     args = p.parse_args(argv)
+    from jaxrl.tasks import image_options_problem
+
+    problem = image_options_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if args.concurrency is not None and args.concurrency < 1:
+        print(f"error: --concurrency {args.concurrency}: must be at least 1. Fix: e.g. 2", file=sys.stderr)
+        return 2
     for x in args.paths:
         if not os.path.isdir(x):
             what = "is not a directory" if os.path.exists(x) else "does not exist"
@@ -162,22 +245,40 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if problem:
             print(f"error: --json: {problem}. Fix: pass a JSON file path in a writable folder", file=sys.stderr)
             return 2
-    report, every = {}, []
+    config = None
+    if args.gate:
+        from jaxrl.envs.harbor import SandboxConfig, TrialConfig, check_sandbox
+        from jaxrl.tasks import _image_config
+
+        config = TrialConfig(keep="all" if args.trials_dir else "none", images=_image_config(args),
+                             sandbox=SandboxConfig(pip_mirror=args.pip_mirror))
+        check_sandbox(config.sandbox)
+    report, every, stage_rows = {}, [], []
     for root in args.paths:
-        loads = load_stage(find_tasks([root]))
+        tasks: list = []
+        loads = load_stage(find_tasks([root]), args.environment_backend, tasks)
         s = summarize(loads)
         report[root] = s
         every.extend(loads)
         print(format_summary(root, s))
+        if config is not None:
+            rows = gate_stage(tasks, config, args.concurrency, args.trials_dir)
+            stage_rows.extend(rows)
+            s["stages"] = {"build": sum(r["stage"] != "build" for r in rows),
+                           "passed": sum(r["stage"] == "passed" for r in rows)}
+            print(format_stages(root, loads, rows))
     if len(args.paths) > 1:
         print(format_summary("all", summarize(every)))
-    if not all(x.loaded for x in every):
+        if config is not None:
+            print(format_stages("all", every, stage_rows))
+    if not all(x.loaded for x in every) and args.environment_backend == "profile":
         print("(counts for the profile path; tasks it refuses can be built from their Dockerfile: "
               "python -m jaxrl.tasks check PATH --environment-backend auto, docs/terminal_tasks.md)")
     if args.json:
         from jaxrl.fileio import atomic_write_json
 
-        atomic_write_json(args.json, {"summary": report, "tasks": [dataclasses.asdict(x) for x in every]})
+        atomic_write_json(args.json, {"summary": report, "tasks": [dataclasses.asdict(x) for x in every],
+                                      "stages": stage_rows})
     return 0
 
 

@@ -316,7 +316,13 @@ class BuildahBuilder(Builder):
             conf = os.path.join(os.path.dirname(log_path), "pip-host-ca.conf")
             if not os.path.isfile(conf):
                 atomic_write_text(conf, "[global]\ncert = /run/host-ca.crt\n")
-            argv += ["-v", f"{HOST_CA}:/run/host-ca.crt:ro", "-v", f"{conf}:/etc/xdg/pip/pip.conf:ro"]
+            # uv (its own TLS roots by default) is told to use the image's trust store, which on a machine whose
+            # egress TLS is intercepted must hold the host's CA (the stand-ins of launch/make_base_stand_ins.sh do).
+            uvconf = os.path.join(os.path.dirname(log_path), "uv-native-tls.toml")
+            if not os.path.isfile(uvconf):
+                atomic_write_text(uvconf, "native-tls = true\n")
+            argv += ["-v", f"{HOST_CA}:/run/host-ca.crt:ro", "-v", f"{conf}:/etc/xdg/pip/pip.conf:ro",
+                     "-v", f"{uvconf}:/etc/uv/uv.toml:ro"]
         for v in self.volumes:
             argv += ["-v", v]
         argv.append(context)
@@ -514,9 +520,9 @@ class ImageCache:
                 f.close()
 
     # -- public ------------------------------------------------------------------------------
-    def tag_for(self, task) -> str:
-        """The image tag of `task`'s build context (no build)."""
-        env_dir = Path(task.path) / "environment"
+    def tag_for(self, task, context: Optional[Path] = None) -> str:
+        """The image tag of `task`'s build context (default its `environment/`; no build)."""
+        env_dir = Path(context) if context is not None else Path(task.path) / "environment"
         return image_tag(context_hash(env_dir, self.config.base_map, self.builder.name, task.config.docker_image,
                                       self._base_ids(env_dir)))
 
@@ -535,12 +541,14 @@ class ImageCache:
                 out[name] = image_id
         return out
 
-    def ensure(self, task) -> str:
+    def ensure(self, task, context: Optional[Path] = None) -> str:
         """The local image of `task`'s environment, built if this context has no image yet.
 
         Args:
           task: a `HarborTask` (its `environment/` is the build context; `[environment] docker_image`
             without a Dockerfile names a prebuilt image, mapped through base_images like a FROM name).
+          context: another build context of the task with its own Dockerfile (a separate verifier's
+            `tests/`); default `environment/`.
 
         Returns:
           the image reference to create containers from.
@@ -551,11 +559,12 @@ class ImageCache:
         why = self.builder.available()
         if why:
             raise ImageBuildError(f"task {task.name}: {why}")
-        env_dir = Path(task.path) / "environment"
+        env_dir = Path(context) if context is not None else Path(task.path) / "environment"
+        what = f"task {task.name}" + (f" ({env_dir.name}/Dockerfile)" if context is not None else "")
         dockerfile = env_dir / "Dockerfile"
         if not dockerfile.is_file():
             return self._prebuilt(task)
-        tag = self.tag_for(task)
+        tag = self.tag_for(task, env_dir)
         if self.builder.image_id(tag):
             self._touch(tag, task=task.name)
             return tag
@@ -568,14 +577,14 @@ class ImageCache:
             mapped = self.dir / "logs" / f"{tag.rsplit(':', 1)[1]}.Dockerfile"  # FROM names -> local images
             atomic_write_text(str(mapped), text)
             t0 = time.monotonic()
-            print(f"jaxrl: building the image of task {task.name} ({tag}; log {log_path})", file=sys.stderr,
+            print(f"jaxrl: building the image of {what} ({tag}; log {log_path})", file=sys.stderr,
                   flush=True)
             try:
                 self.builder.build(str(env_dir), tag, log_path, pull=self.config.pull,
                                    timeout=float(task.config.build_timeout_sec), dockerfile=str(mapped))
             except ImageBuildError as e:
-                raise ImageBuildError(f"task {task.name}: {e}") from None
-            log.info("task %s: built %s in %.1f s", task.name, tag, time.monotonic() - t0)
+                raise ImageBuildError(f"{what}: {e}") from None
+            log.info("%s: built %s in %.1f s", what, tag, time.monotonic() - t0)
         self._touch(tag, task=task.name, size=self.builder.image_size(tag), image_id=self.builder.image_id(tag))
         self.evict(keep=(tag,))
         return tag
@@ -697,14 +706,17 @@ class ImageSandbox(Sandbox):
       root, environment, limits, config, allow_internet: as `Sandbox`.
       cache: the image cache that builds or finds the image (default: `image_cache(ImageCacheConfig())`).
       task: the `HarborTask` (its environment/ is built); required.
+      context: another build context of the task (a separate verifier's `tests/`); default environment/.
     """
 
     def __init__(self, root, environment: EnvironmentSpec, limits: Limits, config: SandboxConfig = SandboxConfig(),
-                 allow_internet: bool = False, *, task=None, cache: Optional[ImageCache] = None):
+                 allow_internet: bool = False, *, task=None, cache: Optional[ImageCache] = None,
+                 context: Optional[Path] = None):
         if task is None:
             raise SandboxError("ImageSandbox needs the task (its environment/ is the build context)")
         super().__init__(root, environment, limits, config, allow_internet)
         self.task = task
+        self.context = context
         self.cache = cache or image_cache(ImageCacheConfig())
         self.dirs = {k: self.root / k for k in ("tmp", "logs/agent", "logs/artifacts", "logs/verifier")}
         self.image: Optional[str] = None
@@ -729,7 +741,7 @@ class ImageSandbox(Sandbox):
                                "owned by uid 0 of the build); unset host_uid and use cgroup limits")
         if self.root.exists() and any(self.root.iterdir()):
             raise SandboxError(f"trial directory {self.root} is not empty")
-        self.image = self.cache.ensure(self.task)
+        self.image = self.cache.ensure(self.task, self.context)
         self.cache.acquire(self.image)
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)
@@ -742,7 +754,7 @@ class ImageSandbox(Sandbox):
         _LIVE_CONTAINERS[self.container] = self.cache.builder
         self.layer = self.cache.builder.writable_layer(self.container, self.rootfs)
         self._image_env = list(cfg["env"])
-        workdir = self.task.config.workdir or cfg["workdir"] or "/"
+        workdir = (self.task.config.workdir if self.context is None else None) or cfg["workdir"] or "/"
         self.environment = dataclasses.replace(self.environment, workdir=workdir)
         self._mkdir_in_rootfs(workdir)
         if self.limits_backend == "cgroup":
@@ -751,24 +763,87 @@ class ImageSandbox(Sandbox):
             cg, _ = detect_cgroups(self.config.cgroup_parent)
             self.cgroup = cg.create(self.limits, None)
 
-    def _mkdir_in_rootfs(self, path: str) -> None:
-        """Creates `path` inside the container root without following any symlink of the image."""
+    def _open_dir_in_rootfs(self, parts: Sequence[str], *, create: bool, what: str) -> int:
+        """An fd of the directory `/parts...` of the container root, reached without following any symlink
+        (each component opened with O_NOFOLLOW relative to the last); created when `create`."""
         fd = os.open(self.rootfs, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            for part in [p for p in path.split("/") if p and p != "."]:
+            for part in parts:
                 if part == "..":
-                    raise SandboxError(f"workdir {path!r} must not contain '..'")
-                try:
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
+                    raise SandboxError(f"{what}: the path must not contain '..'")
+                if create:
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                    except FileExistsError:
+                        pass
                 nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
                 os.close(fd)
                 fd = nfd
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _mkdir_in_rootfs(self, path: str) -> None:
+        """Creates `path` inside the container root without following any symlink of the image."""
+        try:
+            os.close(self._open_dir_in_rootfs([p for p in path.split("/") if p and p != "."], create=True,
+                                              what=f"workdir {path!r}"))
         except OSError as e:
             raise SandboxError(f"cannot create the workdir {path} in the image: {e}") from None
+
+    def copy_out(self, path: str, dest: Path) -> list[str]:
+        """Copies `path` (a file or directory of the container, absolute) to the host path `dest`.
+
+        Nothing is followed out of the container: every component is opened with O_NOFOLLOW, symlinks
+        and special files inside it are skipped (as Harbor's tar `data` filter skips them), and only
+        regular files and directories are copied, with their permission bits less setuid/setgid.
+
+        Returns:
+          None when `path` does not exist, else the container paths that were skipped (symlinks,
+          devices, sockets, FIFOs; `[path]` when `path` itself is one of them).
+        """
+        parts = [p for p in path.split("/") if p and p != "."]
+        if not parts:
+            raise SandboxError("copy_out: the path must not be /")
+        try:
+            dfd = self._open_dir_in_rootfs(parts[:-1], create=False, what=path)
+        except OSError:
+            return None  # a missing parent, or one that is a symlink or not a directory
+        skipped: list[str] = []
+        try:
+            try:
+                os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                return None
+            _copy_nofollow(dfd, parts[-1], Path(dest), path, skipped)
         finally:
-            os.close(fd)
+            os.close(dfd)
+        return skipped
+
+    def place(self, src: Path, path: str) -> None:
+        """Copies the host file or directory `src` to the absolute `path` inside the container, creating
+        its parent directories (no symlink of the image is followed; an existing entry is replaced)."""
+        parts = [p for p in path.split("/") if p and p != "."]
+        if not parts:
+            raise SandboxError("place: the path must not be /")
+        dfd = self._open_dir_in_rootfs(parts[:-1], create=True, what=path)
+        try:
+            name = parts[-1]
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None:
+                if stat.S_ISDIR(st.st_mode):
+                    target = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
+                    os.close(target)
+                    shutil.rmtree(name, dir_fd=dfd)
+                else:
+                    os.unlink(name, dir_fd=dfd)
+            _place_nofollow(Path(src), dfd, name)
+        finally:
+            os.close(dfd)
 
     def env(self, extra: Optional[dict] = None, terminal: bool = False) -> dict:
         env = {"PATH": DEFAULT_PATH, "HOME": "/root", "USER": "root", "LOGNAME": "root", "SHELL": "/bin/bash",
@@ -776,6 +851,7 @@ class ImageSandbox(Sandbox):
         env.update(dict(self._image_env))
         if terminal:
             env["TERM"] = "dumb"
+        env.update(self.config.mirror_env())
         env.update(dict(self.environment.env))
         env.update(extra or {})
         return env
@@ -800,7 +876,7 @@ class ImageSandbox(Sandbox):
                  "--bind", str(self.dirs["tmp"]), "/tmp",
                  "--bind", str(self.dirs["logs/agent"]), "/logs/agent",
                  "--bind", str(self.dirs["logs/artifacts"]), "/logs/artifacts",
-                 "--ro-bind", prof, "/opt/jaxrl"]
+                 "--ro-bind", prof, "/opt/jaxrl", *c.mirror_binds()]
         for src, dest, writable in phase_binds:
             argv += ["--bind" if writable else "--ro-bind", str(src), dest]
         argv += ["--chdir", cwd or self.environment.workdir, "--clearenv"]
@@ -828,6 +904,50 @@ class ImageSandbox(Sandbox):
             if self.image is not None:
                 self.cache.release(self.image)
                 self.image = None
+
+
+def _copy_nofollow(dfd: int, name: str, dest: Path, shown: str, skipped: list) -> None:
+    """Copies the entry `name` of the directory fd `dfd` to `dest` without following symlinks."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        skipped.append(shown)
+        return
+    mode = stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID)
+    if stat.S_ISREG(st.st_mode):
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+        with os.fdopen(fd, "rb") as src, open(dest, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+        os.chmod(dest, mode)
+    elif stat.S_ISDIR(st.st_mode):
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
+        try:
+            dest.mkdir(exist_ok=True)
+            for child in sorted(os.listdir(fd)):
+                _copy_nofollow(fd, child, dest / child, f"{shown}/{child}", skipped)
+        finally:
+            os.close(fd)
+        os.chmod(dest, mode | 0o700)
+    else:
+        skipped.append(shown)
+
+
+def _place_nofollow(src: Path, dfd: int, name: str) -> None:
+    """Writes the host file or directory `src` (made by `_copy_nofollow`) as `name` in the directory fd `dfd`."""
+    if src.is_dir():
+        os.mkdir(name, 0o755, dir_fd=dfd)
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
+        try:
+            for child in sorted(src.iterdir()):
+                _place_nofollow(child, fd, child.name)
+        finally:
+            os.close(fd)
+        os.chmod(name, stat.S_IMODE(src.stat().st_mode), dir_fd=dfd)
+    else:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
+        with os.fdopen(fd, "wb") as out, open(src, "rb") as f:
+            shutil.copyfileobj(f, out, 1 << 20)
+        os.chmod(name, stat.S_IMODE(src.stat().st_mode), dir_fd=dfd)
 
 
 _LIVE_CONTAINERS: dict = {}

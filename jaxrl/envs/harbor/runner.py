@@ -170,8 +170,9 @@ class TaskCheck:
 
     task_name: str
     oracle: Optional[TrialResult]
-    empty: TrialResult
+    empty: Optional[TrialResult]
     problems: list[str]
+    stage: str = "gate"  # where it failed: "build" (its image; no trial ran) or "gate"
 
     @property
     def passed(self) -> bool:
@@ -181,16 +182,17 @@ class TaskCheck:
 # What a verifier's output says about why it could not run, most basic cause first (a verifier that
 # downloads its test tools fails to resolve the host, then fails to find the tool).
 _VERIFIER_CAUSES = (
-    (re.compile(r"Could not resolve host|Temporary failure in name resolution|Name or service not known|"
+    ("verifier needs the network",
+     re.compile(r"Could not resolve host|Temporary failure in name resolution|Name or service not known|"
                 r"Network is unreachable|Failed to establish a new connection|getaddrinfo failed|"
                 r"No matching distribution found|Could not find a version that satisfies the requirement"),
      "the verifier needs the network, which the sandbox does not give (no network unless the task sets "
      "allow_internet): install its tools in the task's environment instead"),
-    (re.compile(r"(?m)([\w./+-]+): (?:command )?not found\s*$"),
+    ("verifier program missing", re.compile(r"(?m)([\w./+-]+): (?:command )?not found\s*$"),
      "the verifier runs `{0}`, which the task's environment does not have"),
-    (re.compile(r"No module named '?([\w.]+)'?"),
+    ("verifier Python module missing", re.compile(r"No module named '?([\w.]+)'?"),
      "the verifier's Python has no module `{0}`"),
-    (re.compile(r"are you root\?|Permission denied"),
+    ("verifier permission", re.compile(r"are you root\?|Permission denied"),
      "the verifier needs a permission the sandbox does not give (it runs as an unprivileged user)"),
 )
 
@@ -207,15 +209,44 @@ def verifier_cause(r: TrialResult) -> str:
     if r.verifier_exit_code is None and not r.test_output:
         return ""
     head = f"verifier exit {r.verifier_exit_code}" if r.verifier_exit_code is not None else "verifier"
+    name, line, why = _verifier_cause(r)
+    if why:
+        return f"{head}: {why} (`{line[:120]}`)"
+    if not line:
+        return f"{head}, no output"
+    return f"{head}, its output ends `{line[:120]}`"
+
+
+def _verifier_cause(r: TrialResult) -> tuple[str, str, str]:
+    """(cause name, the output line that shows it, the sentence) of `verifier_cause`; the name is
+    "verifier output" and the sentence "" when no pattern matches (the line is then the last one)."""
     lines = [ln.strip() for ln in r.test_output.splitlines() if ln.strip()]
-    for pattern, why in _VERIFIER_CAUSES:
+    for name, pattern, why in _VERIFIER_CAUSES:
         for ln in lines:
             m = pattern.search(ln)
             if m:
-                return f"{head}: {why.format(*m.groups())} (`{ln[:120]}`)"
-    if not lines:
-        return f"{head}, no output"
-    return f"{head}, its output ends `{lines[-1][:120]}`"
+                return name, ln, why.format(*m.groups())
+    return "verifier output", (lines[-1] if lines else ""), ""
+
+
+def gate_cause(c: "TaskCheck") -> str:
+    """One short cause name for a failing `TaskCheck` (the funnel's gate stage): "no oracle", "oracle
+    <outcome>" (the trial failed before a reward), the verifier's cause when the oracle's reward is not 1
+    ("verifier needs the network", "verifier program missing", ..., else "oracle reward below 1"), or
+    "empty agent rewarded"; "" for a passing one."""
+    if c.passed:
+        return ""
+    if c.stage == "build":
+        return "build"
+    o = c.oracle
+    if o is None:
+        return "no oracle"
+    if o.outcome != Outcome.OK:
+        return f"oracle {o.outcome}"
+    if o.reward != 1.0:
+        name, _, why = _verifier_cause(o)
+        return name if why else "oracle reward below 1"
+    return "empty agent rewarded" if c.empty is not None and c.empty.reward > 0 else f"empty agent {c.empty.outcome}"
 
 
 def _describe(r: TrialResult) -> str:
@@ -229,17 +260,26 @@ def check_tasks(tasks: Sequence[HarborTask], *, config: TrialConfig = TrialConfi
                 concurrency: Optional[int] = None, trials_dir: Optional[str | os.PathLike] = None) -> list[TaskCheck]:
     """The verifier sanity gate (module docstring): oracle and empty agent for every task, in parallel.
 
+    Tasks on the image backend are built first (`build_images`), each image once; a task whose build
+    fails gets one `TaskCheck` with `stage="build"` and the build's message, and no trial.
+
     Returns:
       One `TaskCheck` per task, in task order.
     """
+    build_errors = build_images(tasks, config)
     jobs = []
     for t in tasks:
+        if str(t.path) in build_errors:
+            continue
         if t.has_oracle:
             jobs.append((t, oracle_agent))
         jobs.append((t, empty_agent))
     results = iter(run_trials(jobs, config=config, concurrency=concurrency, trials_dir=trials_dir))
     checks = []
     for t in tasks:
+        if str(t.path) in build_errors:
+            checks.append(TaskCheck(t.name, None, None, [f"build: {build_errors[str(t.path)]}"], stage="build"))
+            continue
         oracle = next(results) if t.has_oracle else None
         empty = next(results)
         problems = []
@@ -253,6 +293,35 @@ def check_tasks(tasks: Sequence[HarborTask], *, config: TrialConfig = TrialConfi
             problems.append(f"empty agent: {_describe(empty)}, expected reward 0{hint}")
         checks.append(TaskCheck(t.name, oracle, empty, problems))
     return checks
+
+
+def build_images(tasks: Sequence[HarborTask], config: TrialConfig = TrialConfig()) -> dict:
+    """Builds (or finds in the cache) the image of every task on the image backend, and the image of its
+    separate verifier (`tests/Dockerfile`), `config.images.build_concurrency` builds at a time, each
+    context once, before any trial starts.
+
+    Returns:
+      `{str(task.path): the build's one-line error}` for the tasks whose build failed.
+    """
+    from jaxrl.envs.harbor.images import IMAGE_PROFILE, ImageBuildError, image_cache
+
+    todo = [t for t in tasks if t.environment.profile == IMAGE_PROFILE]
+    if not todo:
+        return {}
+    cache = image_cache(config.images)
+
+    def one(t):
+        try:
+            cache.ensure(t)
+            if t.config.verifier_mode == "separate" and (t.tests_dir / "Dockerfile").is_file():
+                cache.ensure(t, t.tests_dir)
+        except ImageBuildError as e:
+            return str(t.path), str(e)
+        return str(t.path), None
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=config.images.build_concurrency,
+                                               thread_name_prefix="jaxrl-builds") as ex:
+        return {name: err for name, err in ex.map(one, todo) if err}
 
 
 def format_check_table(checks: Sequence[TaskCheck], *, failures_only: bool = True) -> str:

@@ -122,6 +122,11 @@ class SandboxConfig:
       network: "none" (default; always, whatever the task says) or "host" (tasks with
         allow_internet = true share the host's network namespace, host loopback included: unsafe).
       python: the Python with pytest for the `python` profile (default: `profiles.find_python`).
+      pip_mirror: a host directory of wheels and sdists (`pip download -d DIR PKG==VER ...`), bound
+        read-only at `/opt/jaxrl-pip-mirror` in every trial; pip and uv then install from it alone
+        (PIP_NO_INDEX, PIP_FIND_LINKS, UV_OFFLINE, UV_FIND_LINKS; a task's `[environment] env` can
+        override them). The local mirror for verifiers that install their tools at verification time
+        while the trial has no network (docs/terminal_tasks.md, "Network"). None: no mirror.
       bwrap_path: the bubblewrap executable.
       max_output_bytes: output kept per command (head and tail; the middle is dropped and counted).
       disk_check_interval_sec: period of the disk-usage check.
@@ -143,6 +148,7 @@ class SandboxConfig:
     shm_mb: int = 64
     network: str = "none"
     python: Optional[str] = None
+    pip_mirror: Optional[str] = None
     bwrap_path: str = BWRAP
     max_output_bytes: int = 1 << 20
     disk_check_interval_sec: float = 0.5
@@ -166,6 +172,24 @@ class SandboxConfig:
             raise ValueError(f"sandbox.max_cpus={self.max_cpus!r}: must be > 0")
         if self.host_uid is not None and (not isinstance(self.host_uid, int) or self.host_uid <= 0):
             raise ValueError(f"sandbox.host_uid={self.host_uid!r}: an unprivileged host uid (> 0) or None")
+        if self.pip_mirror is not None and not os.path.isdir(self.pip_mirror):
+            raise ValueError(f"pip mirror {self.pip_mirror!r} is not a directory: make it with `pip download -d DIR "
+                             "PKG==VER ...` (docs/terminal_tasks.md, 'Network'), or leave it unset")
+
+    def mirror_env(self) -> dict:
+        """The variables that point pip and uv at `pip_mirror` inside a trial ({} without a mirror)."""
+        if self.pip_mirror is None:
+            return {}
+        return {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": PIP_MIRROR_MOUNT, "UV_OFFLINE": "1",
+                "UV_FIND_LINKS": PIP_MIRROR_MOUNT}
+
+    def mirror_binds(self) -> list:
+        """The bwrap arguments that bind `pip_mirror` read-only at `PIP_MIRROR_MOUNT` ([] without one)."""
+        return [] if self.pip_mirror is None else ["--ro-bind", os.path.abspath(self.pip_mirror), PIP_MIRROR_MOUNT]
+
+
+PIP_MIRROR_MOUNT = "/opt/jaxrl-pip-mirror"
+"""Where `SandboxConfig.pip_mirror` is bound inside a trial."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -938,6 +962,11 @@ class Sandbox:
             env["TERM"] = "dumb"
         if self._unsafe:
             env["PATH"] = SANDBOX_PATH.replace("/opt/jaxrl", _profile_dir(self.python, self.config.sandbox_uid))
+        mirror = self.config.mirror_env()
+        if self._unsafe and mirror:  # no mount namespace: the host's own path
+            mirror = {k: os.path.abspath(self.config.pip_mirror) if v == PIP_MIRROR_MOUNT else v
+                      for k, v in mirror.items()}
+        env.update(mirror)
         env.update(dict(self.environment.env))
         env.update(extra or {})
         return env
@@ -991,6 +1020,7 @@ class Sandbox:
                             f"the sandbox's Python needs {b} bound read-only, which would cover the trial's {mount}; "
                             "install it elsewhere or point JAXRL_SANDBOX_PYTHON (or sandbox.python) at another Python")
                 argv += ["--ro-bind", b, b]
+        argv += c.mirror_binds()
         for src, dest, writable in phase_binds:
             argv += ["--bind" if writable else "--ro-bind", str(src), dest]
         argv += ["--remount-ro", "/", "--chdir", cwd or self.environment.workdir, "--clearenv"]

@@ -30,12 +30,17 @@ them. Honoured:
   (600: the trial's start (sandbox and shell) must finish within it, else `sandbox_error`),
   `network_mode = "no-network"` (what the sandbox gives), the deprecated `allow_internet`;
 * `[agent] user` / `[verifier] user`: only the sandbox's own user (`agent`, uid 1000) or none.
+* `[verifier] environment_mode = "separate"` with top-level `artifacts` (paths, or tables with a
+  `source`): on the image backend only. The verifier then runs in its own container, built from
+  `tests/Dockerfile` when there is one (else a fresh container of the task's image), and each artifact
+  is copied from the agent's container to the same path in it (Harbor 0.26's "separate verifier";
+  `Trial` docstring). The profile path refuses the mode, naming the image backend.
 
-Refused (one line naming the field): fields that need a built image or a network policy
+Refused (one line naming the field): fields that need a network policy or a health check
 (`healthcheck`, a `network_mode` other than "no-network", `allowed_hosts`, in any table), GPUs and
-TPUs, `mcp_servers`, `skills_dir`, another `os`, other users, `[verifier] environment` /
-`environment_mode` / `collect`, multi-step tasks (`steps`, `multi_step_reward_strategy`) and
-`artifacts`.
+TPUs, `mcp_servers`, `skills_dir`, another `os`, other users, `[verifier] environment` / `collect`,
+multi-step tasks (`steps`, `multi_step_reward_strategy`), and `artifacts` without a separate verifier
+(the shared verifier reads the agent's files in place).
 """
 from __future__ import annotations
 
@@ -84,6 +89,8 @@ class TaskConfig:
 
     `agent_timeout_sec` None means "no limit" (Harbor 0.26's default); the trial's configured
     maximum then applies. `environment_env` and `workdir` are `[environment] env` / `workdir`.
+    `verifier_mode` is `[verifier] environment_mode` ("shared" or "separate"); `artifacts` the absolute
+    paths of the top-level `artifacts` (a separate verifier receives them).
     """
 
     schema_version: str = "1.0"
@@ -100,6 +107,8 @@ class TaskConfig:
     storage_mb: int = 10240
     allow_internet: bool = True
     docker_image: Optional[str] = None
+    verifier_mode: str = "shared"
+    artifacts: tuple = ()
     metadata: dict = dataclasses.field(default_factory=dict)
     raw: dict = dataclasses.field(default_factory=dict)
 
@@ -209,8 +218,11 @@ def _check_fields(doc: dict, where: str) -> None:
     for key in ("steps", "multi_step_reward_strategy"):
         if present(doc, key):
             _refuse(where, key, "multi-step tasks are not supported; use single-step tasks")
-    if present(doc, "artifacts"):
-        _refuse(where, "artifacts", "artifact collection is not supported; remove it")
+    v = doc.get("verifier", {}) if isinstance(doc.get("verifier", {}), dict) else {}
+    if present(doc, "artifacts") and v.get("environment_mode") != "separate":
+        _refuse(where, "artifacts", "artifacts are collected only for a separate verifier ([verifier] "
+                "environment_mode = \"separate\", image backend); the shared verifier reads the files in place: "
+                "remove it")
     for tname in ("agent", "verifier", "environment"):
         t = doc.get(tname, {})
         if not isinstance(t, dict):
@@ -224,11 +236,13 @@ def _check_fields(doc: dict, where: str) -> None:
         if tname in ("agent", "verifier") and t.get("user") not in SANDBOX_USERS:
             _refuse(where, f"[{tname}] user = {t.get('user')!r}", "commands run as the sandbox's user `agent` "
                     "(uid 1000); remove the field or set it to \"agent\"")
-    v = doc.get("verifier", {}) if isinstance(doc.get("verifier", {}), dict) else {}
-    for key in ("environment_mode", "environment", "collect"):
+    for key in ("environment", "collect"):
         if present(v, key):
-            _refuse(where, f"[verifier] {key}", "the verifier runs in the agent's environment; a separate verifier "
-                    "environment or collection step is not supported")
+            _refuse(where, f"[verifier] {key}", "a verifier environment table or collection step is not supported "
+                    "(environment_mode = \"separate\" with tests/Dockerfile is)")
+    mode = v.get("environment_mode")
+    if mode not in (None, "shared", "separate"):
+        _refuse(where, f"[verifier] environment_mode = {mode!r}", "use \"shared\" or \"separate\"")
     e = doc.get("environment", {}) if isinstance(doc.get("environment", {}), dict) else {}
     if present(e, "healthcheck"):
         _refuse(where, "[environment] healthcheck", IMAGE_BACKEND)
@@ -302,6 +316,13 @@ def parse_task_toml(text: str, where: str = "task.toml") -> TaskConfig:
     image = env.get("docker_image")
     if image is not None and not isinstance(image, str):
         raise HarborTaskError(f"{where}: `[environment] docker_image` must be a string")
+    artifacts = []
+    for a in doc.get("artifacts") or []:
+        src = a.get("source") if isinstance(a, dict) else a
+        if not isinstance(src, str) or not src.startswith("/") or ".." in src.split("/") or src.rstrip("/") == "":
+            raise HarborTaskError(f"{where}: `artifacts` entry {a!r} must be an absolute path (or a table with "
+                                  "one as `source`) without '..', e.g. \"/root/results/out.json\"")
+        artifacts.append(os.path.normpath(src))
     return TaskConfig(
         schema_version=str(version),
         name=name,
@@ -319,6 +340,8 @@ def parse_task_toml(text: str, where: str = "task.toml") -> TaskConfig:
         storage_mb=storage_mb,
         allow_internet=allow_internet,
         docker_image=image,
+        verifier_mode=str(verifier.get("environment_mode") or "shared"),
+        artifacts=tuple(artifacts),
         metadata=dict(metadata),
         raw=doc,
     )
@@ -404,7 +427,12 @@ def _environment(p: Path, config: TaskConfig, where: str, backend: str):
     if backend not in BACKENDS:
         raise HarborTaskError(f"harbor.environment_backend={backend!r}: use one of {list(BACKENDS)}")
     prebuilt = config.docker_image and not (p / "environment" / "Dockerfile").is_file()
-    if backend == "image" or (backend == "auto" and prebuilt):
+    separate = config.verifier_mode == "separate"
+    if separate and backend == "profile":
+        _refuse(where, '[verifier] environment_mode = "separate"', "on the profile path; a separate verifier "
+                "container needs the image backend: set harbor.environment_backend='image' or 'auto' "
+                "(python -m jaxrl.tasks: --environment-backend image)")
+    if backend == "image" or (backend == "auto" and (prebuilt or separate)):
         # auto: a prebuilt image holds what it holds (only a Dockerfile can be read against a profile)
         spec = image_spec(p / "environment", config, f"{where}/environment")
     else:

@@ -19,6 +19,8 @@ background jobs) keep running through verification, as in Harbor's container, an
 `TrialConfig.stop_agent_processes=True` kills them when the agent phase ends instead. The verifier
 runs in its own sandbox instance: it sees the agent's files, /tmp and running processes' effects, but
 not their network namespace (a server the agent left listening on a TCP port is not reachable).
+A task with `[verifier] environment_mode = "separate"` (image backend) is verified in a container of
+its own instead, which receives only the task's `artifacts` (`Trial._run_separate_verifier`).
 
 Outcomes (`Outcome`, the column `outcome` of trial_stats.csv):
 
@@ -591,11 +593,8 @@ class Trial:
             self._phase = "done"
         return res
 
-    def _run_verifier(self) -> VerifierResult:
-        sb = self.sandbox
-        vdir = sb.dirs["logs/verifier"]
-        remove_tree(vdir)
-        vdir.mkdir()
+    def _copy_tests(self) -> Path:
+        """A copy of the task's tests/ in the trial dir (bound read-only at /tests), modes normalised."""
         tests = self.dir / "tests"
         remove_tree(tests)
         shutil.copytree(self.task.tests_dir, tests, symlinks=True)
@@ -605,13 +604,72 @@ class Trial:
                 p = os.path.join(dirpath, n)
                 if not os.path.islink(p):
                     os.chmod(p, 0o755 if n.endswith(".sh") or os.stat(p).st_mode & 0o111 else 0o644)
+        return tests
+
+    def _run_verifier(self) -> VerifierResult:
+        if self.task.config.verifier_mode == "separate":
+            return self._run_separate_verifier()
+        sb = self.sandbox
+        vdir = sb.dirs["logs/verifier"]
+        remove_tree(vdir)
+        vdir.mkdir()
+        tests = self._copy_tests()
         uid = self.config.sandbox.host_uid
         if uid is not None:
             os.chown(vdir, uid, uid)
-        res = sb.run(["/bin/bash", "-c", "/tests/test.sh > /logs/verifier/test-stdout.txt 2>&1"],
-                     timeout=self.verifier_timeout_sec,
-                     phase_binds=[(str(tests), "/tests", False), (str(vdir), "/logs/verifier", True)],
-                     env=sb.env(self.task.config.verifier_env), watch_disk=False)
+        return self._run_test_sh(sb, vdir, [(str(tests), "/tests", False), (str(vdir), "/logs/verifier", True)],
+                                 watch_disk=False)
+
+    def _run_separate_verifier(self) -> VerifierResult:
+        """Harbor 0.26's separate verifier (`environment_mode = "separate"`): the artifacts are copied out of
+        the agent's container (`ImageSandbox.copy_out`: nothing followed, symlinks and special files
+        skipped), a fresh container is made of the verifier image (`tests/Dockerfile` built with `tests/` as
+        its context, which then holds /tests itself; without it, the task's own image with /tests bound),
+        each artifact is placed at its own path there, and test.sh runs in it with the verifier budget and
+        its own disk limit. The agent's container and processes are left as they are."""
+        sb = self.sandbox
+        if not isinstance(sb, ImageSandbox):
+            raise SandboxError(f"task {self.task.name}: a separate verifier needs the image backend")
+        art = self.dir / "artifacts"
+        remove_tree(art)
+        art.mkdir()
+        collected, missing, skipped = [], [], []
+        for i, path in enumerate(self.task.config.artifacts):
+            out = sb.copy_out(path, art / str(i))
+            if out is None:
+                missing.append(path)
+                continue
+            skipped += out
+            if out != [path]:
+                collected.append((art / str(i), path))
+        self.info["artifacts"] = {"collected": [p for _, p in collected], "missing": missing, "skipped": skipped}
+        if skipped:
+            log.warning("trial %s: skipped %d symlinks or special files in the artifacts, e.g. %s", self.name,
+                        len(skipped), skipped[0])
+        bundled = (self.task.tests_dir / "Dockerfile").is_file()
+        vsb = ImageSandbox(self.dir / "verifier-env", self.task.environment, self.limits, self.config.sandbox,
+                           allow_internet=self.task.config.allow_internet, task=self.task, cache=sb.cache,
+                           context=self.task.tests_dir if bundled else None)
+        try:
+            vsb.prepare()
+            for src, path in collected:
+                vsb.place(src, path)
+            vdir = vsb.dirs["logs/verifier"]
+            binds = [(str(vdir), "/logs/verifier", True)]
+            if not bundled:
+                binds.insert(0, (str(self._copy_tests()), "/tests", False))
+            # Harbor chmods a .sh test script before running it; a tests/ copied by its Dockerfile keeps the
+            # checkout's modes (often 0644)
+            return self._run_test_sh(vsb, vdir, binds, watch_disk=True, chmod=bundled)
+        finally:
+            vsb.close()
+
+    def _run_test_sh(self, sb, vdir: Path, binds: list, *, watch_disk: bool, chmod: bool = False) -> VerifierResult:
+        """Runs /tests/test.sh in `sb` with the verifier budget and `[verifier] env`; reads the reward from `vdir`."""
+        script = "/tests/test.sh > /logs/verifier/test-stdout.txt 2>&1"
+        res = sb.run(["/bin/bash", "-c", ("chmod +x /tests/test.sh 2>/dev/null; " if chmod else "") + script],
+                     timeout=self.verifier_timeout_sec, phase_binds=binds,
+                     env=sb.env(self.task.config.verifier_env), watch_disk=watch_disk)
         out, _ = read_file_nofollow(vdir, "test-stdout.txt", self.config.test_output_tail_bytes, tail=True)
         details = {"exit_code": res.exit_code,
                    "test_output": (out or b"").decode("utf-8", errors="replace")}

@@ -697,7 +697,7 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     c.data.task = "dataset"
     c.data.max_prompt_length = 4096
     c.generator.backend = "vllm"
-    c.generator.gpu_memory_utilization = 0.85  # split layout: vLLM on its own nodes (README "GPU memory")
+    c.generator.gpu_memory_utilization = 0.85  # split layout: vLLM on its own nodes (docs/cluster.md "GPU memory")
     c.trainer.gpu_memory_fraction = 0.9  # split layout: the trainer alone on its GPUs
     c.generator.max_turns = 1000  # Terminus has no turn limit: the agent budget and the context end episodes
     c.generator.sampling_params.max_generate_length = 4096

@@ -9,7 +9,7 @@
 # loads only policy versions the trainer publishes in WORKDIR/sync (shared filesystem). Pass the
 # printed URLs to launch/slurm_train.sh.
 # Environment passed through to every node: JAXRL_VLLM_LOGPROBS_MODE (processed_logprobs | raw_logprobs,
-# see README "vLLM sidecars"), JAXRL_GPU_MEMORY_UTILIZATION (default 0.85), JAXRL_PYTHON.
+# see docs/sidecar.md "vLLM sidecars: logprobs and security"), JAXRL_GPU_MEMORY_UTILIZATION (default 0.85), JAXRL_PYTHON.
 #SBATCH --job-name=jaxrl-vllm
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=8

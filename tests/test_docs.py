@@ -1,6 +1,7 @@
 """The project's documents cannot rot silently: every code reference in docs/architecture.md and
-docs/recipes.md names something that exists, and docs/recipes.md covers every shipped recipe, scale
-and `trainer.algorithm.*` key.
+docs/recipes.md names something that exists, docs/recipes.md covers every shipped recipe, scale
+and `trainer.algorithm.*` key, and README.md stays a front page (at most 8 KiB, its set-up commands,
+links that resolve to every docs/ page); the manual lives in docs/.
 
 References are resolved statically (by reading the source with `ast`), so this test imports no
 module of jaxrl except `jaxrl.config` and runs in well under a second.
@@ -91,8 +92,19 @@ def _refs(path, pattern):
     return sorted(set(pattern.findall(path.read_text())))
 
 
+README = ROOT / "README.md"
+README_MAX_BYTES = 8192
+# The two set-up commands of the front page, byte for byte: .ci/run follows the second ("exactly the README's
+# test command"), and users copy the first.
+README_COMMANDS = (
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && python -m jaxrl.main --config=configs/rloo.py",
+    "apt-get install -y bubblewrap g++ tmux buildah mmdebstrap\n"
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[dev]' && python -m pytest -q",
+)
+
+
 def test_architecture_exists_and_readme_points_to_it():
-    readme = (ROOT / "README.md").read_text()
+    readme = README.read_text()
     assert "docs/architecture.md" in readme
     for n in range(1, 9):  # code docstrings cite "docs/architecture.md §N"
         assert re.search(rf"^## {n}\. ", ARCH.read_text(), re.M), f"section §{n} is missing"
@@ -132,6 +144,46 @@ def test_links_resolve(doc):
     missing = [link for link in MD_LINK.findall(doc.read_text())
                if not link.startswith("http") and not (doc.parent / link).exists()]
     assert not missing, f"{doc.name} links to missing files: {missing}"
+
+
+def _relative_links(doc: pathlib.Path):
+    return [link for link in MD_LINK.findall(doc.read_text()) if not re.match(r"^[a-z]+:", link)]
+
+
+def test_readme_is_a_front_page():
+    """README.md stays a front page (at most 8 KiB); the manual lives in docs/."""
+    size = len(README.read_bytes())
+    assert size <= README_MAX_BYTES, f"README.md is {size} bytes (at most {README_MAX_BYTES}): move detail to docs/"
+
+
+def test_readme_links_resolve():
+    links = _relative_links(README)
+    assert links, "README.md links to no document"
+    missing = [link for link in links if not (README.parent / link).exists()]
+    assert not missing, f"README.md links to missing files: {missing}"
+
+
+def test_readme_links_every_docs_page():
+    linked = {pathlib.Path(link).resolve() for link in _relative_links(README)}
+    unlinked = sorted(p.name for p in DOCS.glob("*.md") if p.resolve() not in linked)
+    assert not unlinked, f"README.md does not link to docs/{unlinked}"
+
+
+def test_readme_keeps_the_setup_commands():
+    readme = README.read_text()
+    for command in README_COMMANDS:
+        assert f"```bash\n{command}\n```" in readme, f"README.md lacks the set-up command block: {command!r}"
+
+
+@pytest.mark.parametrize("doc", sorted(DOCS.glob("*.md")), ids=lambda p: p.name)
+def test_every_docs_page_links_resolve(doc):
+    """Relative links of every docs/ page resolve, and none leaves the repository."""
+    links = _relative_links(doc)
+    missing = [link for link in links if not (doc.parent / link).exists()]
+    outside = [link for link in links if ROOT.resolve() not in (doc.parent / link).resolve().parents
+               and (doc.parent / link).resolve() != ROOT.resolve()]
+    assert not missing, f"{doc.name} links to missing files: {missing}"
+    assert not outside and "../shared" not in doc.read_text(), f"{doc.name} links outside the repository: {outside}"
 
 
 def test_resolver_rejects_what_does_not_exist():

@@ -87,7 +87,7 @@ def _corpus():
     """Real text of the kinds a run encodes: this repo's docs and Harbor task instructions and
     scripts, plus terminal output, whitespace runs, CRLF, NFD accents, CJK, emoji and control strings."""
     texts = []
-    for name in ("README.md", "docs/terminal_tasks.md", "docs/architecture.md"):
+    for name in ("README.md", "docs/usage.md", "docs/terminal_tasks.md", "docs/architecture.md"):
         with open(os.path.join(ROOT, name), encoding="utf-8") as f:
             texts.append(f.read()[:20000])
     tasks = os.path.join(ROOT, "jaxrl", "assets", "terminal_tasks")

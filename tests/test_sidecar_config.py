@@ -89,7 +89,7 @@ def test_split_and_colocated_8b_layouts_fit():
     assert gpu_memory.claims(c) == [("trainer (trainer.gpu_memory_fraction)", 0.9)]  # vLLM on its own nodes
     gpu_memory.check_shares(c)
     c.generator.colocate_with_trainer = True
-    for trainer, engine in ((0.55, 0.35), (0.70, 0.25)):  # README: colocated on H200s, on GH200s
+    for trainer, engine in ((0.55, 0.35), (0.70, 0.25)):  # docs/cluster.md "GPU memory": colocated on H200s, on GH200s
         c.trainer.gpu_memory_fraction, c.generator.gpu_memory_utilization = trainer, engine
         gpu_memory.check_shares(c)
 

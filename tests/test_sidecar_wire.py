@@ -65,7 +65,7 @@ VLLM_REQUEST_EXTRAS = {
     "return_token_ids": {"type": ["boolean", "null"]},
     "prompt_logprobs": {"type": ["integer", "null"]},
 }
-# jaxrl's two documented request extensions (README "Sidecar protocol"); nothing else may be added.
+# jaxrl's two documented request extensions (docs/sidecar.md "Routes"); nothing else may be added.
 JAXRL_REQUEST_EXTRAS = {"greedy": {"type": "boolean"}, "logprobs_mode": {"enum": ["full", "sampled", "raw"]}}
 CLIENT_REQUEST = {**OPENAI_REQUEST, "additionalProperties": False,
                   "properties": {**OPENAI_REQUEST["properties"], **VLLM_REQUEST_EXTRAS, **JAXRL_REQUEST_EXTRAS}}

@@ -215,7 +215,7 @@ def _metrics_rows(workdir):
 def test_ppo_gae_recipe_runs_end_to_end(tmp_path):
     """`python -m jaxrl.main --config=configs/ppo_gae.py`, cut to 2 tiny steps: the critic exists,
     trains and is checkpointed, its metrics and timings are logged, and the held-out evaluation
-    runs (the notebook and the 60-step run in the README measure the learning itself)."""
+    runs (the notebook and the 60-step run in docs/usage.md measure the learning itself)."""
     import json
     import os
 

@@ -1,4 +1,4 @@
-"""Run logs (README.md, 'What a run produces'): metrics.csv, trainer_log.jsonl, trial_stats.csv, rollouts/, tensorboard/,
+"""Run logs (docs/usage.md, 'What a run produces'): metrics.csv, trainer_log.jsonl, trial_stats.csv, rollouts/, tensorboard/,
 reward_plot.png, report.md; plus the reward EMA that selects the best checkpoint and detects collapse.
 
 Every file is written so that a killed run loses nothing committed and a resumed run continues

@@ -1,6 +1,6 @@
 """The run-log metrics of one RL step's batch (rewards, tokens, excluded trajectories, the
 trainer-vs-engine logprob gap) and its per-trajectory rows (SkyRL names where the concept is the
-same; README.md, 'What a run produces')."""
+same; docs/usage.md, 'What a run produces')."""
 from __future__ import annotations
 
 import sys

@@ -29,7 +29,7 @@ from harbor_helpers import PROBE_PRELUDE, descendants, limit_configs  # noqa: E4
 from jaxrl.envs.harbor import Outcome, SandboxConfig, Trial, TrialConfig, load_task, run_trial  # noqa: E402
 from jaxrl.envs.harbor.errors import SandboxError  # noqa: E402
 from jaxrl.envs.harbor.images import (BuildahBuilder, ImageCache, ImageCacheConfig, ImageSandbox,  # noqa: E402
-                                      context_hash, dockerfile_bases, image_tag, rewrite_bases)
+                                      context_hash, dockerfile_bases, image_cache, image_tag, rewrite_bases)
 
 STAND_IN = "localhost/debian-stand-in:bookworm"
 BASE_MAP = (("ubuntu:24.04", STAND_IN),)
@@ -346,6 +346,23 @@ def test_lru_cap_evicts_the_least_recently_used_and_keeps_the_one_in_use(task_ro
     assert _image_id(c) and not _image_id(a)
     assert set(tiny.index()) == {c}
     _buildah("rmi", c, check=False)
+
+
+def test_check_builds_each_image_once_even_over_the_cap(task_root, tmp_path, caplog):
+    """Regression (the public math-modeling run): `check` builds ahead, and with the run's images over the
+    cache cap each later build evicted an earlier one, which its trials then rebuilt. The run's images are
+    now pinned until it ends (one build each, a warning naming the cap), and the cap applies afterwards."""
+    from jaxrl.envs.harbor import check_tasks
+
+    images = ImageCacheConfig(base_images=BASE_MAP, cache_dir=str(tmp_path / "pin-cache"), max_mb=1)
+    cache = image_cache(images)
+    cache.builder = CountingBuilder()
+    tasks = [load_task(_tiny(task_root, f"pin-{i}"), environment_backend="image") for i in range(2)]
+    checks = check_tasks(tasks, config=TrialConfig(keep="none", images=images), concurrency=2)
+    assert all(c.oracle is not None and c.oracle.reward == 0.0 for c in checks), [c.problems for c in checks]
+    assert cache.builder.calls == 2  # each image once: no trial rebuilt an evicted one
+    assert "over the image cache cap of 1 MB" in caplog.text
+    assert cache.index() == {} and not any(_image_id(cache.tag_for(t)) for t in tasks)  # the cap, after the run
 
 
 # ---------------------------------------------------------------------------------------------

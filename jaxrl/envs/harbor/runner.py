@@ -266,7 +266,20 @@ def check_tasks(tasks: Sequence[HarborTask], *, config: TrialConfig = TrialConfi
     Returns:
       One `TaskCheck` per task, in task order.
     """
-    build_errors = build_images(tasks, config)
+    build_errors, pinned = build_images(tasks, config)
+    try:
+        return _gate(tasks, config, concurrency, trials_dir, build_errors)
+    finally:
+        if pinned:
+            from jaxrl.envs.harbor.images import image_cache
+
+            cache = image_cache(config.images)
+            for tag in pinned:
+                cache.release(tag)
+            cache.evict()
+
+
+def _gate(tasks, config, concurrency, trials_dir, build_errors) -> list[TaskCheck]:
     jobs = []
     for t in tasks:
         if str(t.path) in build_errors:
@@ -295,33 +308,50 @@ def check_tasks(tasks: Sequence[HarborTask], *, config: TrialConfig = TrialConfi
     return checks
 
 
-def build_images(tasks: Sequence[HarborTask], config: TrialConfig = TrialConfig()) -> dict:
+def build_images(tasks: Sequence[HarborTask], config: TrialConfig = TrialConfig()) -> tuple[dict, list]:
     """Builds (or finds in the cache) the image of every task on the image backend, and the image of its
     separate verifier (`tests/Dockerfile`), `config.images.build_concurrency` builds at a time, each
-    context once, before any trial starts.
+    context once, before any trial starts. Each image is pinned in the cache (`ImageCache.acquire`),
+    so the least-recently-used eviction of a later build cannot remove an image this run still needs;
+    the caller releases the pinned tags. When the run's images together exceed the cache cap, a
+    warning says so (the cap is enforced again once they are released).
 
     Returns:
-      `{str(task.path): the build's one-line error}` for the tasks whose build failed.
+      (`{str(task.path): the build's one-line error}` for the tasks whose build failed, the pinned tags).
     """
     from jaxrl.envs.harbor.images import IMAGE_PROFILE, ImageBuildError, image_cache
 
     todo = [t for t in tasks if t.environment.profile == IMAGE_PROFILE]
     if not todo:
-        return {}
+        return {}, []
     cache = image_cache(config.images)
+    pinned: list = []
+    lock = threading.Lock()
 
     def one(t):
         try:
-            cache.ensure(t)
+            contexts = [None]
             if t.config.verifier_mode == "separate" and (t.tests_dir / "Dockerfile").is_file():
-                cache.ensure(t, t.tests_dir)
+                contexts.append(t.tests_dir)
+            for ctx in contexts:
+                tag = cache.ensure(t, ctx)
+                cache.acquire(tag)
+                with lock:
+                    pinned.append(tag)
         except ImageBuildError as e:
             return str(t.path), str(e)
         return str(t.path), None
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=config.images.build_concurrency,
                                                thread_name_prefix="jaxrl-builds") as ex:
-        return {name: err for name, err in ex.map(one, todo) if err}
+        errors = {name: err for name, err in ex.map(one, todo) if err}
+    sizes = {tag: int(cache.index().get(tag, {}).get("size", 0)) for tag in set(pinned)}
+    total_mb = sum(sizes.values()) / 1e6
+    if total_mb > config.images.max_mb:
+        log.warning("the images of this run take %.0f MB, over the image cache cap of %d MB: they are all kept "
+                    "until the run ends; raise harbor.image_cache_max_mb (--image-cache-max-mb) to keep them "
+                    "for the next run", total_mb, config.images.max_mb)
+    return errors, pinned
 
 
 def format_check_table(checks: Sequence[TaskCheck], *, failures_only: bool = True) -> str:

@@ -86,7 +86,8 @@ def test_defaults_are_harbors():
     ('[[steps]]\nname = "one"\n', "steps"),
     ('multi_step_reward_strategy = "mean"\n', "multi_step_reward_strategy"),
     ('artifacts = ["/app/out"]\n', "artifacts"),
-    ('[environment]\nworkdir = "/tmp/x"\n', "[environment] workdir"),
+    ('[environment]\nworkdir = "app/x"\n', "[environment] workdir"),
+    ('[environment]\nworkdir = "/app/../etc"\n', "[environment] workdir"),
     ('[environment]\nmemory = "1G"\nmemory_mb = 512\n', "[environment] memory"),
     ('[verifier]\nenv = { TOKEN = "${JAXRL_SURELY_UNSET_VAR}" }\n', "env.TOKEN"),
 ])
@@ -95,6 +96,19 @@ def test_unsupported_fields_are_refused_by_name(text, field):
         parse_task_toml(text, "t/task.toml")
     msg = str(e.value)
     assert field in msg and "\n" not in msg and msg.startswith("t/task.toml"), msg
+
+
+def test_a_workdir_outside_app_loads_only_on_the_image_backend(tmp_path):
+    """Regression: task.toml's workdir had to be under /app even on the image backend, whose container
+    root is writable everywhere."""
+    from harbor_helpers import write_task_dir
+
+    from jaxrl.envs.harbor import load_task
+
+    d = write_task_dir(tmp_path, "wd", toml='[environment]\nworkdir = "/srv/work"\nallow_internet = false\n')
+    with pytest.raises(HarborTaskError, match="must be /app or below it on the profile path"):
+        load_task(d)
+    assert load_task(d, environment_backend="image").config.workdir == "/srv/work"
 
 
 def test_a_separate_verifier_parses_with_its_artifacts():

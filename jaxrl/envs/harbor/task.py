@@ -25,8 +25,8 @@ them. Honoured:
 * `[environment]`: `cpus`, `memory_mb`, `storage_mb` (the deprecated `memory = "2G"` /
   `storage = "10G"` strings are converted to MB, and a conflict with `memory_mb` is refused);
   Harbor leaves them unset (the backend's default); the sandbox needs caps and uses 1 CPU, 2048 MB,
-  10240 MB. `env` (set for every command of the trial, the verifier's included), `workdir` (must be
-  `/app` or below, like WORKDIR), `os = "linux"`, `docker_image`, `gpus = 0`, `build_timeout_sec`
+  10240 MB. `env` (set for every command of the trial, the verifier's included), `workdir` (on the
+  profile path `/app` or below, like WORKDIR; any absolute path on the image backend), `os = "linux"`, `docker_image`, `gpus = 0`, `build_timeout_sec`
   (600: the trial's start (sandbox and shell) must finish within it, else `sandbox_error`),
   `network_mode = "no-network"` (what the sandbox gives), the deprecated `allow_internet`;
 * `[agent] user` / `[verifier] user`: only the sandbox's own user (`agent`, uid 1000) or none.
@@ -301,11 +301,10 @@ def parse_task_toml(text: str, where: str = "task.toml") -> TaskConfig:
     storage_mb = size("storage_mb", "storage", 10240)
     workdir = env.get("workdir")
     if workdir is not None:
-        if not isinstance(workdir, str) or not (os.path.normpath(workdir) == "/app"
-                                                or os.path.normpath(workdir).startswith("/app/")):
-            raise HarborTaskError(f"{where}: `[environment] workdir = {workdir!r}` must be /app or below it (the "
-                                  "sandbox's only writable work directory)")
-        workdir = os.path.normpath(workdir)
+        if not isinstance(workdir, str) or not workdir.startswith("/") or ".." in workdir.split("/"):
+            raise HarborTaskError(f"{where}: `[environment] workdir = {workdir!r}` must be an absolute path "
+                                  "without '..', e.g. \"/app\"")
+        workdir = os.path.normpath(workdir)  # the profile path also needs it under /app (`load_task`)
     allow_internet = env.get("allow_internet", True)
     if allow_internet is None:
         allow_internet = True
@@ -411,6 +410,11 @@ def load_task(path: str | os.PathLike, *, source: str = "", environment_backend:
     if not instruction.strip():
         raise HarborTaskError(f"{where}: instruction.md is empty")
     environment = _environment(p, config, where, environment_backend)
+    if environment.profile != "image" and config.workdir and not (config.workdir == "/app"
+                                                                  or config.workdir.startswith("/app/")):
+        raise HarborTaskError(f"{where}/task.toml: `[environment] workdir = {config.workdir!r}` must be /app or "
+                              "below it on the profile path (the sandbox's only writable work directory); the "
+                              "image backend takes any path (harbor.environment_backend='image' or 'auto')")
     if environment.profile != "image" and (config.environment_env or config.workdir):
         environment = dataclasses.replace(
             environment, env=tuple(environment.env) + tuple(config.environment_env.items()),

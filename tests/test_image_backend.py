@@ -348,6 +348,26 @@ def test_lru_cap_evicts_the_least_recently_used_and_keeps_the_one_in_use(task_ro
     _buildah("rmi", c, check=False)
 
 
+def test_a_killed_trial_process_leaves_no_container_behind(stand_in):
+    """Regression: a trial process killed by a signal (SIGKILL, or SIGTERM with no handler) left its
+    buildah container and writable layer behind for good. Containers carry their creator's pid; the
+    next container made on the machine removes those of processes that ended, and only those."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = f"jaxrl-trial-{dead.pid}-deadbeef"
+    live = f"jaxrl-trial-{os.getpid()}-cafef00d"
+    for name in (stale, live):
+        _buildah("from", "--pull=never", "-q", "--name", name, STAND_IN)
+    b = BuildahBuilder()
+    c, _ = b.create_container(STAND_IN)
+    try:
+        names = _buildah("containers", "--all", "--format", "{{.ContainerName}}").split()
+        assert stale not in names and live in names, names
+    finally:
+        b.remove_container(c)
+        _buildah("rm", live, check=False)
+
+
 def test_check_builds_each_image_once_even_over_the_cap(task_root, tmp_path, caplog):
     """Regression (the public math-modeling run): `check` builds ahead, and with the run's images over the
     cache cap each later build evicted an earlier one, which its trials then rebuilt. The run's images are

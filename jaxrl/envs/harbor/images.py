@@ -380,7 +380,9 @@ class BuildahBuilder(Builder):
             return set()
 
     def create_container(self, ref: str) -> tuple[str, str]:
-        c = self._run("from", "--pull=never", "-q", ref).stdout.strip()
+        self.remove_stale_containers()
+        name = f"{CONTAINER_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
+        c = self._run("from", "--pull=never", "-q", "--name", name, ref).stdout.strip()
         try:
             m = self._run("mount", c).stdout.strip()
         except SandboxError:
@@ -396,6 +398,43 @@ class BuildahBuilder(Builder):
 
     def remove_container(self, container: str) -> None:
         self._run("rm", container, check=False)
+
+    def remove_stale_containers(self) -> list[str]:
+        """Removes the trial containers of processes that no longer run (a trial process killed by
+        SIGKILL or SIGTERM leaves its container and writable layer behind; names carry the creator's pid).
+
+        Returns:
+          the names removed.
+        """
+        r = self._run("containers", "--all", "--json", check=False)
+        try:
+            rows = json.loads(r.stdout or "[]") or []
+        except ValueError:
+            return []
+        removed = []
+        for row in rows:
+            name = row.get("containername", "")
+            m = re.fullmatch(re.escape(CONTAINER_PREFIX) + r"(\d+)-[0-9a-f]+", name)
+            if m and not _pid_alive(int(m.group(1))):
+                self._run("umount", name, check=False)
+                if self._run("rm", name, check=False).returncode == 0:
+                    removed.append(name)
+                    log.info("image cache: removed the container %s of a process that ended", name)
+        return removed
+
+
+CONTAINER_PREFIX = "jaxrl-trial-"
+"""Trial containers are named `jaxrl-trial-<pid>-<8 hex>` (their creator's pid)."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 BUILDERS = {"buildah": BuildahBuilder}

@@ -4,6 +4,7 @@
     python -m jaxrl.tasks list [PATH]          # tasks, profiles, timeouts (or why a task is invalid)
     python -m jaxrl.tasks run-oracle PATH --task NAME [--empty]   # one trial, with the verifier's output
     python -m jaxrl.tasks funnel DIR [DIR ...] [--json OUT]      # how many tasks load, and why not, by cause
+    python -m jaxrl.tasks funnel DIR ... --environment-backend image --gate   # ... then build and gate, by cause
 
 PATH is a task directory, a folder of tasks or a DCAgent .parquet file; default: the shipped set.
 Exit status of `check`: 0 when every task passes, 1 when some fail, 2 when the set or the sandbox

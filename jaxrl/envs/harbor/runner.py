@@ -55,8 +55,13 @@ def empty_agent(trial: Trial) -> None:
 
 
 def oracle_agent(trial: Trial) -> None:
-    """Runs the task's solution/solve.sh."""
-    trial.run_oracle()
+    """Runs the task's solution/solve.sh; its output (capped as every command's) and exit status go to
+    the trial's `logs/agent/oracle.txt`, as Harbor's oracle agent writes them."""
+    r = trial.run_oracle()
+    from jaxrl.fileio import atomic_write_text
+
+    atomic_write_text(str(trial.sandbox.dirs["logs/agent"] / "oracle.txt"),
+                      f"{r.output}\n[exit status {r.exit_code}{', timed out' if r.timed_out else ''}]\n")
 
 
 def run_trial(task: HarborTask, agent: Optional[Agent] = None, *, config: TrialConfig = TrialConfig(),

@@ -63,7 +63,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from jaxrl.envs.chat import ChatTemplate, Message, split_thinking
+from jaxrl.envs.chat import ChatTemplate, split_thinking
 # The environment contract lives in jaxrl/envs/types.py (envs, datasets and task suites import it from there,
 # below this module); these names stay importable from here.
 from jaxrl.envs.types import DONE_IF_LAST_TURN, Env, StepResult, Task  # noqa: F401

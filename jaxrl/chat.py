@@ -136,6 +136,7 @@ def main(argv):
     from jaxrl.config import base_config
     from jaxrl.envs import DatasetError
     from jaxrl.envs.chat import PromptFormat
+    from jaxrl.train.prompts import training_prompt_format
 
     for name, value, low in (("max_new_tokens", _MAX_NEW.value, 0), ("max_seq_len", _MAX_SEQ.value, 2)):
         if value < low:
@@ -163,7 +164,7 @@ def main(argv):
         fmt, source = None, ""
         if run_config:
             try:
-                fmt, source = PromptFormat.of_run_config(c), f"the prompt format of {run_config}"
+                fmt, source = training_prompt_format(c), f"the prompt format of {run_config}"
             except DatasetError as e:
                 if baked is None:
                     raise

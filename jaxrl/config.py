@@ -18,19 +18,8 @@ from typing import Any, Optional
 
 import ml_collections
 
+from jaxrl.errors import ConfigError  # public here; defined below config, as jaxrl.gpu_memory raises it too
 from jaxrl.fileio import HF_CHECKPOINT_HINT, atomic_write_json, hf_checkpoint_problem, tokenizer_problem
-
-
-class ConfigError(ValueError):
-    """An invalid configuration value; the message names the key and how to fix it.
-
-    `ConfigError(key, problem, fix)`; a single argument is taken as the whole message (libraries
-    such as ml_collections re-raise an exception as `type(e)(message)`).
-    """
-
-    def __init__(self, key: str, problem: str | None = None, fix: str | None = None):
-        super().__init__(key if problem is None else f"config key `{key}`: {problem}. Fix: {fix}")
-        self.key = key
 
 
 def base_config() -> ml_collections.ConfigDict:

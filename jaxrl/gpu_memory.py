@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, MutableMapping, Optional
 
-from jaxrl.config import ConfigError
+from jaxrl.errors import ConfigError
 
 RESERVE = 0.05  # fraction of each GPU left outside every pool
 FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"

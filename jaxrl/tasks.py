@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 
 from jaxrl.envs.harbor import (SHIPPED_TASKS_DIR, UNSAFE_HOST_BACKEND, HarborTaskError, SandboxConfig, SandboxError,
                                TrialConfig, check_sandbox, check_tasks, default_concurrency, empty_agent,
                                format_check_table, load_task_set, oracle_agent, run_trial)
+from jaxrl.envs.harbor.image_flags import image_config as _image_config
+from jaxrl.envs.harbor.image_flags import image_options_problem
 
 
 def _trial_config(args, keep: str) -> TrialConfig:
@@ -30,14 +31,6 @@ def _trial_config(args, keep: str) -> TrialConfig:
     return TrialConfig(agent_timeout_sec=args.agent_timeout, verifier_timeout_sec=args.verifier_timeout,
                        sandbox=sb, keep=keep, stop_agent_processes=args.stop_agent_processes,
                        images=_image_config(args))
-
-
-def _image_config(args):
-    from jaxrl.config import base_image_pairs
-    from jaxrl.envs.harbor.images import ImageCacheConfig
-
-    return ImageCacheConfig(base_images=base_image_pairs(args.base_image or ()), cache_dir=args.image_cache_dir,
-                            max_mb=args.image_cache_max_mb, build_concurrency=args.build_concurrency)
 
 
 def _backend_line(tasks) -> str:
@@ -154,38 +147,6 @@ def output_path_problem(args) -> str | None:
         problem = value and check(value)
         if problem:
             return f"{flag}: {problem}. Fix: pass {what} in a writable folder (it is created if missing)"
-    return None
-
-
-def image_options_problem(args) -> str | None:
-    """One line naming the first image-backend flag (--base-image, --image-cache-dir,
-    --image-cache-max-mb, --build-concurrency) with a bad value, and the fix; None when all are good
-    (checked before any task is loaded or built)."""
-    if not hasattr(args, "base_image"):
-        return None
-    from jaxrl.config import base_image_pairs
-    from jaxrl.fileio import output_dir_problem
-
-    for entry in args.base_image or ():
-        try:
-            (name, local), = base_image_pairs((entry,))
-        except ValueError:
-            name, local = "", "="
-        if "=" in local or not name:
-            return (f"--base-image {entry!r}: not NAME=LOCAL. Fix: e.g. --base-image "
-                    "ubuntu:24.04=localhost/debian-stand-in:bookworm (an image name has no '=')")
-    mirror = getattr(args, "pip_mirror", None)
-    if mirror is not None and not os.path.isdir(mirror):
-        return (f"--pip-mirror {mirror!r}: not a directory. Fix: make it with `pip download -d {mirror} "
-                "pytest==VER ...` (docs/terminal_tasks.md, 'Network')")
-    if args.image_cache_dir:
-        problem = output_dir_problem(args.image_cache_dir)
-        if problem:
-            return f"--image-cache-dir: {problem}. Fix: pass a directory path in a writable folder"
-    if args.image_cache_max_mb < 1:
-        return f"--image-cache-max-mb {args.image_cache_max_mb}: must be a positive number of megabytes. Fix: e.g. 20480"
-    if args.build_concurrency < 1:
-        return f"--build-concurrency {args.build_concurrency}: must be at least 1. Fix: 1 fits 2 cores"
     return None
 
 

@@ -14,6 +14,7 @@ from jaxrl import config as config_lib
 from jaxrl.envs import DEFAULT_POLICY_DIR, ChatTemplate
 from jaxrl.envs.chat import PromptFormat
 from jaxrl.envs.tasks.arithmetic import ANSWER_INSTRUCTION
+from jaxrl.train.prompts import training_prompt_format
 from jaxrl.models import hf_io
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -119,10 +120,10 @@ def test_transformers_generate_on_the_export_answers_like_the_training_prompt(be
 
 def test_prompt_format_of_a_run_config():
     c = config_lib.base_config()
-    assert PromptFormat.of_run_config(c) == PromptFormat(ANSWER_INSTRUCTION, False, 1, ())
+    assert training_prompt_format(c) == PromptFormat(ANSWER_INSTRUCTION, False, 1, ())
     c.data.task = "calculator"
     c.generator.enable_thinking = True
-    assert PromptFormat.of_run_config(c) == PromptFormat(None, True, 0, ("calculator",))
+    assert training_prompt_format(c) == PromptFormat(None, True, 0, ("calculator",))
 
 
 def _chat(*args):

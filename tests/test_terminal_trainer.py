@@ -176,13 +176,14 @@ def test_8b_scale_takes_a_harbor_parquet_set(tmp_path):
 
 
 def test_prompt_format_of_a_harbor_run_config():
-    """Regression: `PromptFormat.of_run_config` (jaxrl.chat on a run's rl_config.json) raised for a
+    """Regression: `training_prompt_format` (jaxrl.chat on a run's rl_config.json) raised for a
     Harbor run (it looked `harbor` up as a built-in task). Harbor prompts are one user message."""
     from jaxrl.config import to_json_dict
     from jaxrl.envs.chat import PromptFormat
+    from jaxrl.train.prompts import training_prompt_format
 
     c = to_json_dict(terminal.get_config())
-    assert PromptFormat.of_run_config(c) == PromptFormat(None, False, 0, ())
+    assert training_prompt_format(c) == PromptFormat(None, False, 0, ())
     c["data"].update(task="dataset", dataset_path=str(SHIPPED_TASKS_DIR))
     c["generator"]["enable_thinking"] = True
-    assert PromptFormat.of_run_config(c) == PromptFormat(None, True, 0, ())
+    assert training_prompt_format(c) == PromptFormat(None, True, 0, ())

@@ -59,11 +59,14 @@ import concurrent.futures
 import dataclasses
 import math
 import os
-from typing import Any, Callable, NamedTuple, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from jaxrl.envs.chat import ChatTemplate, Message, split_thinking
+from jaxrl.envs.chat import ChatTemplate, split_thinking
+# The environment contract lives in jaxrl/envs/types.py (envs, datasets and task suites import it from there,
+# below this module); these names stay importable from here.
+from jaxrl.envs.types import DONE_IF_LAST_TURN, Env, StepResult, Task  # noqa: F401
 from jaxrl.rollout.types import Completion, Generator, SamplingParams
 
 STOP_REASONS = ("stop", "length", "max_turns", "env_error", "invalid_output")
@@ -77,67 +80,6 @@ reward or unrenderable observations (`info["error"]` holds the message); reward 
 `invalid_output`: the engine returned an invalid completion (module docstring), which was not
 appended (`info["invalid_output"]` says what, with the task id); reward 0. The trainer leaves
 `env_error` / `invalid_output` trajectories out of the loss."""
-
-
-@dataclasses.dataclass
-class Task:
-    """One prompt of a dataset: what `Env.reset` starts from.
-
-    Attributes:
-      messages: the initial conversation (chat messages with `role` and `content`).
-      reward_spec: how the final answer is scored (see `jaxrl.envs.rewards`).
-      env: name of the environment in `jaxrl.envs.verifiable.ENV_REGISTRY` ("single_turn", "tool").
-      tools: names of tools in `jaxrl.envs.tools.BUILTIN_TOOLS` the env exposes (tool envs).
-      task_id: a stable identifier (for logs and split checks).
-      metadata: free-form extra data.
-    """
-
-    messages: list[Message]
-    reward_spec: dict
-    env: str = "single_turn"
-    tools: tuple[str, ...] = ()
-    task_id: str = ""
-    metadata: dict = dataclasses.field(default_factory=dict)
-
-
-# A key of `StepResult.info`: True when the episode continues only to let the model confirm (e.g. the
-# terminal agent's first `task_complete: true`); on the last allowed turn it then ends as "stop", not
-# "max_turns" (there is no turn left to confirm in). It is not kept in the trajectory's info.
-DONE_IF_LAST_TURN = "done_if_last_turn"
-
-
-class StepResult(NamedTuple):
-    """What `Env.step` returns; unpacks as `(observations, reward, done, info)`."""
-
-    observations: list[Message]
-    reward: float
-    done: bool
-    info: dict
-
-
-class Env(Protocol):
-    """A (possibly multi-turn) environment. One instance serves one trajectory.
-
-    Attributes:
-      tools: JSON schemas of the tools the model may call (rendered by the chat template into the
-        system prompt), or None; valid after `reset`.
-    """
-
-    tools: Optional[list[dict]]
-
-    def reset(self, task: Task) -> list[Message]:
-        """Starts an episode; returns the initial messages (the prompt)."""
-        ...
-
-    def step(self, assistant_text: str) -> StepResult:
-        """Consumes one assistant turn (final content, thinking removed)."""
-        ...
-
-    # Optional: `step_truncated(assistant_text) -> StepResult`. Scores a turn that a token limit cut
-    # (the episode then ends) WITHOUT executing anything it asks for; only its reward and info are
-    # used. Envs without it give a cut turn reward 0 (see `run_rollouts`).
-    # Optional: `finish(stop_reason, info) -> (reward, info)`, called once when the episode ended
-    # (module docstring); `close()`, called last, releases resources (sandboxes, files).
 
 
 @dataclasses.dataclass

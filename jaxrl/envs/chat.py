@@ -423,7 +423,8 @@ class ChatTemplate:
 
 @dataclasses.dataclass(frozen=True)
 class PromptFormat:
-    """How a run rendered its training prompts: the system message and the thinking mode.
+    """How a run rendered its training prompts: the system message and the thinking mode
+    (`of_tasks`; the format of a run config: `jaxrl.train.prompts.training_prompt_format`).
 
     Attributes:
       system_prompt: the system message every training prompt starts with; None when they start
@@ -457,30 +458,3 @@ class PromptFormat:
             tools.update(getattr(task, "tools", ()) or ())
         common = next(iter(systems)) if len(systems) == 1 and not no_system else None
         return cls(common, enable_thinking, len(systems), tuple(sorted(tools)))
-
-    @classmethod
-    def of_run_config(cls, c) -> "PromptFormat":
-        """The training prompt format of a run config (a ConfigDict, or the dict of a run's
-        rl_config.json): the training prompts of `data.task` (the train split of a built-in task,
-        or every row of `data.dataset_path`; Harbor task sets have no system prompt and no tools)
-        and `generator.enable_thinking`.
-
-        Raises:
-          ValueError: the config names no task, or an unknown one.
-          DatasetError: the dataset file cannot be read (the message names it).
-        """
-        data = c["data"]
-        thinking = bool(c["generator"]["enable_thinking"])
-        from jaxrl.envs.harbor.dataset import is_task_set
-
-        if data["task"] == "harbor" or (data["task"] == "dataset" and is_task_set(data["dataset_path"])):
-            return cls(None, thinking, 0, ())  # Harbor tasks: one user message, no system prompt, no tools
-        if data["task"] == "dataset":
-            from jaxrl.envs.datasets import load_tasks
-
-            tasks = load_tasks(data["dataset_path"])
-        else:
-            from jaxrl.envs.tasks import get_task_suite
-
-            tasks = get_task_suite(data["task"]).dataset("train")
-        return cls.of_tasks(tasks, thinking)

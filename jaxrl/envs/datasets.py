@@ -22,7 +22,7 @@ import json
 import os
 from typing import Any
 
-from jaxrl.envs.base import Task
+from jaxrl.envs.types import Task
 from jaxrl.envs.rewards import validate_reward_spec
 
 _KNOWN = ("prompt", "messages", "system", "reward_spec", "env", "tools", "id")

@@ -14,7 +14,7 @@ import json
 import math
 from typing import Sequence
 
-from jaxrl.envs.base import Task
+from jaxrl.envs.types import Task
 
 
 def prompt_key(task: Task) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from jaxrl.envs.base import Env, StepResult, Task
+from jaxrl.envs.types import Env, StepResult, Task
 from jaxrl.envs.chat import Message
 from jaxrl.envs.rewards import compute_reward, extract_answer, validate_reward_spec
 from jaxrl.envs.tools import BUILTIN_TOOLS, Tool, parse_tool_calls, run_tool_calls

@@ -13,6 +13,7 @@ import hashlib
 import numpy as np
 
 from jaxrl.envs import DatasetError, get_task_suite, load_tasks
+from jaxrl.envs.chat import PromptFormat
 from jaxrl.envs.splits import heldout_split, overlap
 
 
@@ -20,6 +21,29 @@ def derive_seed(*parts: int) -> int:
     """A 31-bit seed from integers (stable across processes and Python versions)."""
     h = hashlib.sha256(",".join(str(int(p)) for p in parts).encode()).digest()
     return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
+
+
+def training_prompt_format(c) -> PromptFormat:
+    """The training prompt format of a run config (a ConfigDict, or the dict of a run's
+    rl_config.json): the training prompts of `data.task` (the train split of a built-in task,
+    or every row of `data.dataset_path`; Harbor task sets have no system prompt and no tools)
+    and `generator.enable_thinking`.
+
+    Raises:
+      ValueError: the config names no task, or an unknown one.
+      DatasetError: the dataset file cannot be read (the message names it).
+    """
+    data = c["data"]
+    thinking = bool(c["generator"]["enable_thinking"])
+    from jaxrl.envs.harbor.dataset import is_task_set
+
+    if data["task"] == "harbor" or (data["task"] == "dataset" and is_task_set(data["dataset_path"])):
+        return PromptFormat(None, thinking, 0, ())  # Harbor tasks: one user message, no system prompt, no tools
+    if data["task"] == "dataset":
+        tasks = load_tasks(data["dataset_path"])
+    else:
+        tasks = get_task_suite(data["task"]).dataset("train")
+    return PromptFormat.of_tasks(tasks, thinking)
 
 
 class PromptSource:

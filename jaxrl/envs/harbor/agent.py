@@ -63,7 +63,7 @@ import re
 import threading
 from typing import Any, Optional, Sequence
 
-from jaxrl.envs.base import DONE_IF_LAST_TURN, StepResult, Task
+from jaxrl.envs.types import DONE_IF_LAST_TURN, StepResult, Task
 from jaxrl.envs.harbor.errors import AgentTimeoutError, SandboxError
 from jaxrl.envs.harbor.parser import (DEFAULT_DURATION_SEC, MAX_COMMAND_DURATION_SEC, Command,  # noqa: F401
                                       ParsedResponse, format_warnings, parse_response)

@@ -219,7 +219,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--build-concurrency", type=int, default=1, help="as `check`")
     p.add_argument("--pip-mirror", default=None, metavar="DIR", help="as `check`")
     args = p.parse_args(argv)
-    from jaxrl.tasks import image_options_problem
+    from jaxrl.envs.harbor.image_flags import image_options_problem
 
     problem = image_options_problem(args)
     if problem:
@@ -248,9 +248,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     config = None
     if args.gate:
         from jaxrl.envs.harbor import SandboxConfig, TrialConfig, check_sandbox
-        from jaxrl.tasks import _image_config
+        from jaxrl.envs.harbor.image_flags import image_config
 
-        config = TrialConfig(keep="all" if args.trials_dir else "none", images=_image_config(args),
+        config = TrialConfig(keep="all" if args.trials_dir else "none", images=image_config(args),
                              sandbox=SandboxConfig(pip_mirror=args.pip_mirror))
         check_sandbox(config.sandbox)
     report, every, stage_rows = {}, [], []

@@ -18,7 +18,7 @@ from typing import Optional
 
 import numpy as np
 
-from jaxrl.envs.base import Task
+from jaxrl.envs.types import Task
 
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 ANSWER_INSTRUCTION = "Answer with the result in <answer></answer> tags."

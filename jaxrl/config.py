@@ -351,8 +351,7 @@ KEY_DOCS: dict[str, str] = {
     "harbor.image_cache_max_mb": "image backend: MB of built task images kept (least recently used removed above it)",
     "harbor.build_concurrency": "image backend: image builds at once",
     "harbor.image_cache_dir": "image backend: index, locks and build logs; '' = ~/.cache/jaxrl/images",
-    "harbor.pip_mirror": "a folder of wheels (pip download -d DIR ...) bound into every trial; pip and uv install "
-                         "from it alone; '' = none",
+    "harbor.pip_mirror": "a folder of wheels (pip download -d DIR ...) pip and uv in trials install from; '' = none",
     # trainer
     "trainer.num_steps": "RL steps (one rollout batch each); raise it and rerun to continue a finished run",
     "trainer.train_batch_size": "prompts per RL step, each sampled n_samples_per_prompt times",

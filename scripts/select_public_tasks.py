@@ -1,0 +1,122 @@
+"""Applies the selection rule of the public-task measurement (docs/terminal_tasks.md, "Public task collections
+on the image backend") to task collections, and summarises a `python -m jaxrl.tasks funnel --gate --json`
+report over the selected tasks.
+
+    python scripts/select_public_tasks.py DIR [DIR ...]                    # the selected tasks, one per line
+    python scripts/select_public_tasks.py DIR [DIR ...] --report FUNNEL.json  # load / gate over the selection
+
+The rule, checked on the files only (nothing is built or run here):
+1. the task has solution/solve.sh;
+2. every FROM / COPY --from image of environment/Dockerfile and tests/Dockerfile is one the stand-ins of
+   launch/make_base_stand_ins.sh cover (STAND_INS);
+3. no RUN step downloads from another host than Debian's mirror and PyPI (curl, wget, git, a fetch script,
+   huggingface);
+4. tests/test.sh downloads nothing (curl, wget, git, uvx, apt-get), or installs only with pip from PyPI and
+   the image has pip (python3-pip installed, or a python:* base);
+5. the task is not one of its repository's fixtures built to fail a check (a path part `fail` under
+   `fixtures/`, or a directory named `fail-*` under `test-tasks/`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+STAND_INS = {"ubuntu:24.04", "python:3.11-slim", "python:3.12-slim", "ghcr.io/astral-sh/uv:0.8.15"}
+_IMAGE = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)|COPY\s+[^\n]*--from=(\S+)", re.I | re.M)
+_RUN_DOWNLOAD = re.compile(r"\b(curl|wget|git\s+clone|git\s+fetch|fetch_media|huggingface|hf_hub)\b")
+_TEST_DOWNLOAD = re.compile(r"\b(curl|wget|git\s+clone|uvx|apt-get\s+(?:update|install))\b")
+_PIP_INSTALL = re.compile(r"\bpip3?\s+install\b|-m\s+pip\s+install\b")
+
+
+def _images(dockerfile: Path) -> set:
+    if not dockerfile.is_file():
+        return set()
+    text = dockerfile.read_text(errors="replace")
+    stages = {m.group(1).lower() for m in re.finditer(r"^\s*FROM\s+\S+\s+AS\s+(\S+)", text, re.I | re.M)}
+    out = set()
+    for m in _IMAGE.finditer(text):
+        name = m.group(1) or m.group(2)
+        if name and name.lower() not in stages and not name.isdigit():
+            out.add(name)
+    return out
+
+
+def reasons(task: Path) -> list[str]:
+    """The rule's points this task fails (empty: selected)."""
+    why = []
+    if not (task / "solution" / "solve.sh").is_file():
+        why.append("1 no oracle")
+    env_df, tests_df = task / "environment" / "Dockerfile", task / "tests" / "Dockerfile"
+    images = _images(env_df) | _images(tests_df)
+    if not env_df.is_file():
+        why.append("2 no Dockerfile")
+    elif images - STAND_INS:
+        why.append(f"2 base images without a stand-in: {sorted(images - STAND_INS)}")
+    runs = "\n".join(ln for df in (env_df, tests_df) if df.is_file()
+                     for ln in df.read_text(errors="replace").splitlines() if not ln.lstrip().startswith("#"))
+    if _RUN_DOWNLOAD.search(runs):
+        why.append(f"3 build-time download ({_RUN_DOWNLOAD.search(runs).group(1)})")
+    test = (task / "tests" / "test.sh").read_text(errors="replace") if (task / "tests" / "test.sh").is_file() else ""
+    if _TEST_DOWNLOAD.search(test):
+        why.append(f"4 verification-time download ({_TEST_DOWNLOAD.search(test).group(1)})")
+    elif _PIP_INSTALL.search(test):
+        text = env_df.read_text(errors="replace") if env_df.is_file() else ""
+        if not (re.search(r"python3-pip", text) or any(i.startswith("python:") for i in _images(env_df))):
+            why.append("4 verification-time pip install without pip in the image")
+    parts = task.parts
+    if ("fixtures" in parts and "fail" in parts) or ("test-tasks" in parts and task.name.startswith("fail-")):
+        why.append("5 a fixture built to fail")
+    return why
+
+
+def find_tasks(roots) -> list[Path]:
+    out = []
+    for r in roots:
+        out += sorted(p.parent for p in Path(r).rglob("task.toml"))
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("dirs", nargs="+")
+    p.add_argument("--report", help="a `jaxrl.tasks funnel --gate --json` file to summarise over the selection")
+    p.add_argument("--why", action="store_true", help="also print why each left-out task is left out")
+    a = p.parse_args()
+    tasks = find_tasks(a.dirs)
+    selected = [t for t in tasks if not reasons(t)]
+    if a.why:
+        for t in tasks:
+            if reasons(t):
+                print(f"left out {t}: {'; '.join(reasons(t))}", file=sys.stderr)
+    if not a.report:
+        print("\n".join(str(t) for t in selected))
+        print(f"{len(selected)} of {len(tasks)} tasks selected", file=sys.stderr)
+        return 0
+    rep = json.loads(Path(a.report).read_text())
+    loaded = {Path(t["path"]).resolve() for t in rep["tasks"] if t["loaded"]}
+    stage = {Path(r["task"]).resolve(): r for r in rep.get("stages", [])}
+    sel = [t.resolve() for t in selected]
+    n_load = sum(t in loaded for t in sel)
+    n_pass = sum(stage.get(t, {}).get("stage") == "passed" for t in sel)
+    by_repo: dict = {}
+    for t in sel:
+        repo = next((d for d in a.dirs if str(t).startswith(str(Path(d).resolve()))), "?")
+        by_repo.setdefault(repo, [0, 0])
+        by_repo[repo][0] += 1
+        by_repo[repo][1] += stage.get(t, {}).get("stage") == "passed"
+    print(f"selected {len(sel)} of {len(tasks)} tasks; load {n_load} ({100 * n_load / max(len(sel), 1):.1f}%); "
+          f"pass the gate {n_pass} ({100 * n_pass / max(len(sel), 1):.1f}%)")
+    for repo, (n, k) in by_repo.items():
+        print(f"  {repo}: {n} selected, {k} pass")
+    for t in sel:
+        r = stage.get(t)
+        if r and r["stage"] != "passed":
+            print(f"  failed at {r['stage']}: {t.name}: {r['cause']}: {r['problem'][:200]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -46,7 +46,7 @@ def main(argv=None):
                       max_position_embeddings=max(args.seq, 512), tie_word_embeddings=False)
     torch.manual_seed(0)
     hf = Qwen3ForCausalLM(hf_cfg).float()
-    cfg = hf_io.Qwen3Config.from_hf_dict(hf_cfg.to_dict(), dtype="float32", remat=args.remat)
+    cfg = qwen3.Qwen3Config.from_hf_dict(hf_cfg.to_dict(), dtype="float32", remat=args.remat)
 
     # Same weights on both sides.
     sd = {k: v.detach().numpy() for k, v in hf.state_dict().items()}

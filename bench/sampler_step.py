@@ -9,7 +9,7 @@ Measures, in one run on the default JAX device:
   table of an untied model, of which a step gathers one row per row) + KV cache at the mean
   context of the run (prompt cache once per group, generated tokens per row), divided by the
   read bandwidth (and by ``--bandwidth`` when given, e.g. 4.3e12 for an H200);
-* ``forward``: :func:`jaxrl.models.qwen3.decode_step` alone, ``--steps`` steps inside one jitted
+* ``forward``: :func:`jaxrl.models.qwen3_engine.decode_step` alone, ``--steps`` steps inside one jitted
   loop (no dispatch per step), per step;
 * ``select``: :func:`jaxrl.rollout.sampler.select_tokens` alone on ``[B, V]`` logits, the same
   way, for greedy, temperature 1, and top-p 0.95 + top-k 20;
@@ -100,7 +100,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=32, help="decode steps per timed loop")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--layout", default=None, choices=["in_out", "out_in", "panels"],
-                   help="the engine's weight layout (default: qwen3.engine_layout's choice)")
+                   help="the engine's weight layout (default: qwen3_engine.engine_layout's choice)")
     p.add_argument("--bandwidth", type=float, default=None, help="nominal bytes/s for a second floor (H200: 4.3e12)")
     p.add_argument("--copy-mb", type=int, default=None,  # the read and copy tests' array
                    help="array size of the bandwidth test (default 256 CPU, 2048 GPU)")
@@ -109,7 +109,7 @@ def main(argv=None):
     import jax
     import jax.numpy as jnp
 
-    from jaxrl.models import qwen3
+    from jaxrl.models import qwen3, qwen3_engine
     from jaxrl.rollout.sampler import Sampler, select_tokens
     from jaxrl.rollout.types import SamplingParams
 
@@ -150,7 +150,7 @@ def main(argv=None):
     mask = np.ones((G, P), bool)
     # The step's cost does not depend on the cache's values: a random prompt cache stands in for
     # the prefill's (whose time is in the engine line below), saving a compile of the prefill.
-    k_shape = (G, cfg.num_key_value_heads, cfg.head_dim, P)  # qwen3.KV_LAYOUT
+    k_shape = (G, cfg.num_key_value_heads, cfg.head_dim, P)  # qwen3_engine.KV_LAYOUT
     v_shape = (G, cfg.num_key_value_heads, P, cfg.head_dim)
     prompt_kv = tuple((jax.random.normal(jax.random.PRNGKey(2 * i), k_shape, cfg.compute_dtype),
                        jax.random.normal(jax.random.PRNGKey(2 * i + 1), v_shape, cfg.compute_dtype))
@@ -161,12 +161,12 @@ def main(argv=None):
     def forward_loop(ep, prompt_kv, tok):
         pos0 = jnp.full((B,), P, jnp.int32)
         # The engine's layouts: a prompt cache shared by R > 1 rows, or one cache per row.
-        shared, gen = ((prompt_kv, qwen3.init_decode_cache(cfg, B, N)) if R > 1
-                       else (None, qwen3.row_cache(prompt_kv, N)))
+        shared, gen = ((prompt_kv, qwen3_engine.init_decode_cache(cfg, B, N)) if R > 1
+                       else (None, qwen3_engine.row_cache(prompt_kv, N)))
 
         def body(i, c):
             gen, tok, acc = c
-            logits, gen = qwen3.decode_step(ep, cfg, tok, pos0 + i, shared, mask, gen, i)
+            logits, gen = qwen3_engine.decode_step(ep, cfg, tok, pos0 + i, shared, mask, gen, i)
             return gen, (tok + 1) % V, acc + jnp.sum(logits)  # the sum keeps the logits live
 
         return jax.lax.fori_loop(0, K, body, (gen, tok, jnp.float32(0)))[2]

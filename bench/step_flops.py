@@ -250,14 +250,14 @@ def analyze_head(B: int, S: int, chunk: int = 1024, E: int = 2048, V: int = 1519
     import jax
     import jax.numpy as jnp
 
-    from jaxrl.models import qwen3
+    from jaxrl.models import logprob_head
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from train_step_mfu import _legacy_logprobs_from_hidden
 
     forms = {"legacy": _legacy_logprobs_from_hidden,
-             "recompute": functools.partial(qwen3.logprobs_from_hidden, save_probs=False),
-             "save_probs": functools.partial(qwen3.logprobs_from_hidden, save_probs=True)}
+             "recompute": functools.partial(logprob_head.logprobs_from_hidden, save_probs=False),
+             "save_probs": functools.partial(logprob_head.logprobs_from_hidden, save_probs=True)}
     h = jax.ShapeDtypeStruct((B, S, E), jnp.bfloat16)
     w = jax.ShapeDtypeStruct((E, V), jnp.bfloat16)
     t = jax.ShapeDtypeStruct((B, S), jnp.int32)

@@ -776,14 +776,14 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
     Raises:
       ConfigError: naming the first offending key, the problem and the fix.
     """
-    from jaxrl.rl import losses as rl_losses
+    from jaxrl.rl import loss_config as rl_loss_config
     from jaxrl.rl import registry as rl_registry  # names of estimators, losses, reductions
 
     valid_names = {
         "advantage_estimator": rl_registry.ADVANTAGE_ESTIMATORS,
         "policy_loss": rl_registry.POLICY_LOSSES,
         "loss_reduction": rl_registry.LOSS_REDUCTIONS,
-        "kl_estimator": rl_losses.KL_ESTIMATORS,
+        "kl_estimator": rl_loss_config.KL_ESTIMATORS,
     }
     _check_types(c)
     t, a, g = c.trainer, c.trainer.algorithm, c.generator
@@ -1030,7 +1030,7 @@ def loss_config(c: ml_collections.ConfigDict):
     controller's initial beta), so the loss's KL term is off.
     Raises: ConfigError naming the key when LossConfig rejects a value.
     """
-    from jaxrl.rl.losses import LossConfig
+    from jaxrl.rl.loss_config import LossConfig
 
     kwargs = {field: conv(_algorithm_value(c, key)) for key, (field, conv) in LOSS_CONFIG_KEYS.items()}
     if c.trainer.algorithm.use_kl_in_reward:
@@ -1066,7 +1066,7 @@ def needs_critic(c: ml_collections.ConfigDict) -> bool:
 
 def needs_reference(c: ml_collections.ConfigDict) -> bool:
     """True when the run needs reference-policy logprobs: a KL loss term or a KL-in-reward penalty."""
-    from jaxrl.rl.losses import needs_reference_model
+    from jaxrl.rl.loss_config import needs_reference_model
 
     return bool(c.trainer.algorithm.use_kl_in_reward) or needs_reference_model(loss_config(c))
 
@@ -1115,8 +1115,8 @@ ASYNC_MODES = ("sync", "one_step", "fully_async")
 
 def _validate_async(c: ml_collections.ConfigDict) -> None:
     """trainer.async_rl.* and the episode-delay knobs; an asynchronous run whose trajectories can be
-    stale needs a rollout-anchored loss (`losses.is_rollout_anchored`)."""
-    from jaxrl.rl import losses
+    stale needs a rollout-anchored loss (`jaxrl.rl.loss_config.is_rollout_anchored`)."""
+    from jaxrl.rl import loss_config as rl_loss_config
 
     t, ac, g = c.trainer, c.trainer.async_rl, c.generator
     n, B = g.n_samples_per_prompt, t.train_batch_size
@@ -1148,7 +1148,7 @@ def _validate_async(c: ml_collections.ConfigDict) -> None:
                  f"use 0 (= {(S + 1) * B * n}) or a multiple of {n} in that range")
     if ac.mode == "one_step" or S > 0:
         try:
-            anchored = losses.is_rollout_anchored(loss_config(c))
+            anchored = rl_loss_config.is_rollout_anchored(loss_config(c))
         except ValueError:  # a LossConfig the trainer reports when it builds it
             return
         what = "one_step" if ac.mode == "one_step" else f"fully_async with max_staleness_steps={S}"

@@ -68,7 +68,7 @@ def plan(c, num_devices: int, seq_len: int, attention: str = "xla") -> dict:
     from jaxrl import parallel
     from jaxrl.envs import DEFAULT_POLICY_DIR
     from jaxrl.models import qwen3
-    from jaxrl.rl import losses
+    from jaxrl.rl import reductions
     from jaxrl.train import step as step_lib
 
     config_lib.validate(c, num_devices=num_devices, check_inputs=False)
@@ -110,11 +110,11 @@ def plan(c, num_devices: int, seq_len: int, attention: str = "xla") -> dict:
                  is_truncated=jax.ShapeDtypeStruct((rows,), jnp.bool_, sharding=row_sh))
     if config_lib.needs_reference(c):  # what the trainer's mini-batches carry (a KL loss or KL in reward)
         batch["ref_logprobs"] = f32((rows, T - 1))
-    weights = losses.LossWeights(policy=f32((rows, T - 1)), token=f32((rows, T - 1)),
-                                 sequence_token=f32((rows, T - 1)),
-                                 sequence=jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=row_sh),
-                                 selected=f32((rows, T - 1)) if loss_cfg.policy_loss_type in losses.COVARIANCE_LOSSES
-                                 else None)
+    weights = reductions.LossWeights(policy=f32((rows, T - 1)), token=f32((rows, T - 1)),
+                                     sequence_token=f32((rows, T - 1)),
+                                     sequence=jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=row_sh),
+                                     selected=f32((rows, T - 1))
+                                     if loss_cfg.policy_loss_type in reductions.COVARIANCE_LOSSES else None)
     fn = jax.jit(lambda p, o, b, w: step_lib.train_step(p, o, b, w, model_cfg=model_cfg, step_cfg=step_cfg, tx=tx,
                                                         schedule=sched),
                  out_shardings=(psh, osh, None), donate_argnums=(0, 1))

@@ -287,19 +287,19 @@ def _load_version(sampler, model: str, version: int) -> None:
 
 def training_chat_template(tokenizer_dir: str, enable_thinking: bool, chat_template: str = ""):
     """The `ChatTemplate` of `tokenizer_dir` as the trainer used it: the chat template without the
-    defaults an export baked in (`hf_io.strip_prompt_format`), with `enable_thinking` and the
-    run's `generator.chat_template` ("" or "keep_thinking"; an export of a keep_thinking run
-    already holds that template, which stays as it is).
+    defaults an export baked in (`jaxrl.models.chat_template.strip_prompt_format`), with
+    `enable_thinking` and the run's `generator.chat_template` ("" or "keep_thinking"; an export
+    of a keep_thinking run already holds that template, which stays as it is).
 
     Raises:
       PolicyError: keep_thinking asked of a tokenizer whose template cannot keep past thinking.
     """
     from jaxrl.envs import ChatTemplate, load_tokenizer
     from jaxrl.envs.chat import ChatTemplateOptionError
-    from jaxrl.models import hf_io
+    from jaxrl.models import chat_template as template_lib
 
     tokenizer = load_tokenizer(tokenizer_dir)
-    tokenizer.chat_template = hf_io.strip_prompt_format(tokenizer.chat_template)
+    tokenizer.chat_template = template_lib.strip_prompt_format(tokenizer.chat_template)
     try:
         return ChatTemplate(tokenizer, enable_thinking=enable_thinking, chat_template=chat_template)
     except ChatTemplateOptionError as e:
@@ -309,12 +309,12 @@ def training_chat_template(tokenizer_dir: str, enable_thinking: bool, chat_templ
 
 def baked_prompt_format(tokenizer_dir: str):
     """The `jaxrl.envs.chat.PromptFormat` a jaxrl export baked into the chat template of
-    `tokenizer_dir` (`hf_io.bake_prompt_format`), or None."""
+    `tokenizer_dir` (`jaxrl.models.chat_template.bake_prompt_format`), or None."""
     from jaxrl.envs import load_tokenizer
     from jaxrl.envs.chat import PromptFormat
-    from jaxrl.models import hf_io
+    from jaxrl.models import chat_template as template_lib
 
-    meta = hf_io.read_prompt_format(load_tokenizer(tokenizer_dir).chat_template)
+    meta = template_lib.read_prompt_format(load_tokenizer(tokenizer_dir).chat_template)
     if meta is None:
         return None
     return PromptFormat(meta["system_prompt"], bool(meta["enable_thinking"]),

@@ -57,7 +57,7 @@ import optax  # noqa: E402
 from jaxrl.envs.chat import DEFAULT_POLICY_DIR, ChatTemplate, load_tokenizer  # noqa: E402
 from jaxrl.envs.tasks import get_task_suite  # noqa: E402
 from jaxrl.envs.verifiable import make_env  # noqa: E402
-from jaxrl.models import hf_io, qwen3  # noqa: E402
+from jaxrl.models import hf_io, qwen3, qwen3_kv_cache  # noqa: E402
 
 # ---- the architecture ---------------------------------------------------------------------------
 EOS_ID, PAD_ID = 505, 503  # <|im_end|>, <|endoftext|> (see scripts/make_default_tokenizer.py)
@@ -232,23 +232,23 @@ def masked_nll(params, cfg: qwen3.Qwen3Config, batch) -> tuple[jax.Array, jax.Ar
     """(Σ -log p(target) over the loss-mask tokens, number of those tokens) of a `make_batch` batch.
 
     The shared prefix is run once (batch 1) into a KV cache that every row then attends to
-    (`qwen3.forward_with_cache`): the same function of the tokens as `qwen3.forward` on the
+    (`qwen3_kv_cache.forward_with_cache`): the same function of the tokens as `qwen3.forward` on the
     full sequences, at a fraction of the cost, since the prefix is most of each prompt.
     Gradients flow through the cache into the prefix computation. float32.
     """
     prefix, tokens = batch["prefix"], batch["tokens"]
     B, S = tokens.shape
     P0 = prefix.shape[0]
-    cache = qwen3.init_cache(cfg, 1, P0 + S)
+    cache = qwen3_kv_cache.init_cache(cfg, 1, P0 + S)
     cache_mask = jnp.zeros((1, P0 + S), bool)
     if P0:
-        out = qwen3.forward_with_cache(params, cfg, prefix[None], jnp.arange(P0, dtype=jnp.int32)[None],
-                                       jnp.ones((1, P0), bool), cache, cache_mask, 0)
+        out = qwen3_kv_cache.forward_with_cache(params, cfg, prefix[None], jnp.arange(P0, dtype=jnp.int32)[None],
+                                                jnp.ones((1, P0), bool), cache, cache_mask, 0)
         cache, cache_mask = out.cache, out.cache_mask
     cache = jax.tree.map(lambda x: jnp.broadcast_to(x, (x.shape[0], B) + x.shape[2:]), cache)
     cache_mask = jnp.broadcast_to(cache_mask, (B, P0 + S))
-    logits = qwen3.forward_with_cache(params, cfg, tokens, batch["positions"], batch["segment_ids"] > 0,
-                                      cache, cache_mask, P0).logits[:, :-1]
+    logits = qwen3_kv_cache.forward_with_cache(params, cfg, tokens, batch["positions"], batch["segment_ids"] > 0,
+                                               cache, cache_mask, P0).logits[:, :-1]
     lp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, 1:, None], axis=-1)[..., 0]
     m = batch["loss_mask"] > 0
     return -jnp.sum(jnp.where(m, lp, 0.0)), jnp.sum(m.astype(jnp.float32))

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl.models import cpu_kernel, qwen3
+from jaxrl.models import cpu_kernel, qwen3, qwen3_engine
 from jaxrl.rollout.sampler import Sampler
 from jaxrl.rollout.types import SamplingParams
 
@@ -101,21 +101,21 @@ def test_no_compiler_warns_and_falls_back_or_fails_when_required(tmp_path, monke
     monkeypatch.setattr(cpu_kernel, "_state", {})  # as in a process that has not registered it
     monkeypatch.delenv("JAXRL_CPU_KERNEL", raising=False)
     with pytest.warns(RuntimeWarning, match=r"no C\+\+ compiler '/nonexistent/c\+\+'.*JAXRL_CPU_KERNEL=0"):
-        assert qwen3.engine_layout("cpu", 8, cfg) == "out_in"
+        assert qwen3_engine.engine_layout("cpu", 8, cfg) == "out_in"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once per process
-        assert qwen3.engine_layout("cpu", 8, cfg) == "out_in"
-        assert qwen3.engine_layout("cpu", 1, cfg) == "in_out"
+        assert qwen3_engine.engine_layout("cpu", 8, cfg) == "out_in"
+        assert qwen3_engine.engine_layout("cpu", 1, cfg) == "in_out"
     monkeypatch.setenv("JAXRL_CPU_KERNEL", "1")
     with pytest.raises(cpu_kernel.KernelBuildError, match="no C\\+\\+ compiler"):
-        qwen3.engine_layout("cpu", 8, cfg)
+        qwen3_engine.engine_layout("cpu", 8, cfg)
     monkeypatch.setenv("JAXRL_CPU_KERNEL", "0")
-    assert qwen3.engine_layout("cpu", 8, cfg) == "out_in" and not list(tmp_path.rglob("*.so"))
+    assert qwen3_engine.engine_layout("cpu", 8, cfg) == "out_in" and not list(tmp_path.rglob("*.so"))
     monkeypatch.setenv("JAXRL_CPU_KERNEL", "yes")
     with pytest.raises(ValueError, match="JAXRL_CPU_KERNEL='yes'"):
-        qwen3.engine_layout("cpu", 8, cfg)
+        qwen3_engine.engine_layout("cpu", 8, cfg)
     with pytest.raises(ValueError, match="JAXRL_CPU_KERNEL='yes'"):  # every CPU engine checks it
-        qwen3.engine_layout("cpu", 64, cfg)
+        qwen3_engine.engine_layout("cpu", 64, cfg)
     monkeypatch.setenv("JAXRL_CPU_KERNEL", "")  # empty is unset: auto
     assert cpu_kernel.mode() == "auto"
 
@@ -158,8 +158,8 @@ def test_a_library_that_does_not_load_falls_back_and_is_not_kept(tmp_path, monke
     monkeypatch.delenv("JAXRL_CPU_KERNEL", raising=False)
     cfg = qwen3.Qwen3Config.preset("tiny")
     with pytest.warns(RuntimeWarning, match="does not load"):
-        assert qwen3.engine_layout("cpu", 8, cfg) == "out_in"
-    assert qwen3.engine_layout("cpu", 4, cfg) == "out_in"  # not tried again in this process
+        assert qwen3_engine.engine_layout("cpu", 8, cfg) == "out_in"
+    assert qwen3_engine.engine_layout("cpu", 4, cfg) == "out_in"  # not tried again in this process
     calls = (tmp_path / "args").read_text().splitlines()
     assert len(calls) == 1 and calls[0].startswith("--extra-arg -O3")
     assert list((tmp_path / "cache" / "kernels").iterdir()) == []
@@ -197,7 +197,7 @@ def test_long_prefills_use_xla_on_the_panels():
     rng = np.random.default_rng(3)
     w = rng.standard_normal((96, 48)).astype(np.float32)
     p = {"w_p": cpu_kernel.to_panels(jnp.asarray(w))}
-    f = jax.jit(lambda x, p: qwen3._project(x, p, "w"))
+    f = jax.jit(lambda x, p: qwen3_engine._project(x, p, "w"))
     for rows, custom in ((cpu_kernel.KERNEL_MAX_ROWS, True), (cpu_kernel.KERNEL_MAX_ROWS + 1, False)):
         x = rng.standard_normal((rows, 96)).astype(np.float32)
         assert (cpu_kernel.TARGET in f.lower(x, p).as_text()) == custom
@@ -221,14 +221,14 @@ def test_layout_choice():
     """Panels on CPU for 1-16 rows of a float32 model whose widths are multiples of 16; XLA's
     layouts otherwise."""
     cfg = qwen3.Qwen3Config.preset("tiny")
-    assert [qwen3.engine_layout("cpu", r, cfg) for r in (1, 8, 16, 17)] == ["panels"] * 3 + ["in_out"]
-    assert qwen3.engine_layout("gpu", 8, cfg) == "in_out"
+    assert [qwen3_engine.engine_layout("cpu", r, cfg) for r in (1, 8, 16, 17)] == ["panels"] * 3 + ["in_out"]
+    assert qwen3_engine.engine_layout("gpu", 8, cfg) == "in_out"
     bf16 = qwen3.Qwen3Config.preset("tiny", dtype="bfloat16")
     odd = qwen3.Qwen3Config.preset("tiny", vocab_size=250)
     for c in (bf16, odd):
-        assert not qwen3.panels_fit(c) and qwen3.engine_layout("cpu", 8, c) == "out_in"
+        assert not qwen3_engine.panels_fit(c) and qwen3_engine.engine_layout("cpu", 8, c) == "out_in"
         with pytest.raises(ValueError, match="layout 'panels' needs float32"):
-            qwen3.engine_params({}, c, layout="panels")  # refused before any weight is read
+            qwen3_engine.engine_params({}, c, layout="panels")  # refused before any weight is read
 
 
 def test_panels_engine_matches_the_xla_layout_with_a_tied_head():

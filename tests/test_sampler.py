@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jaxrl.models import cpu_kernel, qwen3
+from jaxrl.models import cpu_kernel, qwen3, qwen3_engine
 from jaxrl.rollout.sampler import Sampler, select_tokens
 from jaxrl.rollout.types import SamplingParams
 
@@ -356,13 +356,13 @@ def test_bad_logprobs_mode_is_refused():
 def test_prefix_shared_engine_prefills_once_and_equals_the_unshared_one(model, monkeypatch):
     cfg, params = model
     prefill_rows = []
-    real = qwen3.prefill
+    real = qwen3_engine.prefill
 
     def spy(ep, cfg, tokens, token_mask):
         prefill_rows.append(tokens.shape[0])
         return real(ep, cfg, tokens, token_mask)
 
-    monkeypatch.setattr(qwen3, "prefill", spy)
+    monkeypatch.setattr(qwen3_engine, "prefill", spy)
     kw = dict(max_seq_len=48, batch_buckets=(8,), prompt_buckets=(32,), new_token_buckets=(16,))
     shared = Sampler(params, cfg, **kw)
     unshared = Sampler(params, cfg, share_prefix=False, **kw)
@@ -382,7 +382,7 @@ def test_prefix_shared_engine_prefills_once_and_equals_the_unshared_one(model, m
     assert len({tuple(c.token_ids) for g in a for c in g}) == 6  # distinct samples
 
 
-@pytest.mark.parametrize("layout", qwen3.ENGINE_LAYOUTS)
+@pytest.mark.parametrize("layout", qwen3_engine.ENGINE_LAYOUTS)
 def test_prefill_and_decode_steps_equal_the_full_forward(model, full_logits, layout):
     """The engine's model path alone: prefill of right- and left-padded prompts, then decode steps
     in both cache layouts (shared: R = 2 rows per prompt feeding different tokens; row: one row
@@ -390,27 +390,27 @@ def test_prefill_and_decode_steps_equal_the_full_forward(model, full_logits, lay
     CPU's "out_in" multiplies the decode steps' 2 and 4 rows as a multiply-reduce, "panels" runs
     every matmul of up to 64 rows, these 16-row prefills included, in the CPU kernel)."""
     cfg, params = model
-    ep = qwen3.engine_params(params, cfg, layout=layout)
+    ep = qwen3_engine.engine_params(params, cfg, layout=layout)
     assert ("qkv_proj_t" in ep["layers"][0]) == (layout == "out_in")
     assert ("qkv_proj_p" in ep["layers"][0]) == (layout == "panels")
     prompts, P, steps = [[3, 1, 4, 1, 5], [9, 2, 6]], 8, 3
     fed = [[7, 8, 9], [10, 11, 12], [13, 14, 15], [16, 17, 18]]
-    prefill = jax.jit(lambda ep, t, m: qwen3.prefill(ep, cfg, t, m))
-    decode = jax.jit(lambda ep, t, pos, pkv, m, gen, i: qwen3.decode_step(ep, cfg, t, pos, pkv, m, gen, i))
+    prefill = jax.jit(lambda ep, t, m: qwen3_engine.prefill(ep, cfg, t, m))
+    decode = jax.jit(lambda ep, t, pos, pkv, m, gen, i: qwen3_engine.decode_step(ep, cfg, t, pos, pkv, m, gen, i))
     for side in ("right", "left"):
         tokens, mask = np.zeros((2, P), np.int32), np.zeros((2, P), bool)
         for g, p in enumerate(prompts):
             sl = slice(0, len(p)) if side == "right" else slice(P - len(p), P)
             tokens[g, sl], mask[g, sl] = p, True
         logits, pkv = prefill(ep, tokens, mask)
-        Nkv, D = cfg.num_key_value_heads, cfg.head_dim  # qwen3.KV_LAYOUT: keys slot-minor
+        Nkv, D = cfg.num_key_value_heads, cfg.head_dim  # qwen3_engine.KV_LAYOUT: keys slot-minor
         assert [(k.shape, v.shape) for k, v in pkv] == [((2, Nkv, D, P), (2, Nkv, P, D))] * cfg.num_hidden_layers
         for g, p in enumerate(prompts):
             np.testing.assert_allclose(logits[g], full_logits(p)[-1], atol=1e-5, rtol=0)
         for R in (2, 1):  # row b continues prompt b // R
             rows = fed[:2 * R]
-            shared, gen = (pkv, qwen3.init_decode_cache(cfg, 2 * R, steps)) if R > 1 else (None,
-                                                                                          qwen3.row_cache(pkv, steps))
+            shared, gen = ((pkv, qwen3_engine.init_decode_cache(cfg, 2 * R, steps)) if R > 1
+                           else (None, qwen3_engine.row_cache(pkv, steps)))
             plen = np.repeat([len(p) for p in prompts], R)
             for t in range(steps):
                 tok = np.array([f[t] for f in rows], np.int32)
@@ -423,7 +423,7 @@ def test_prefill_and_decode_steps_equal_the_full_forward(model, full_logits, lay
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("rows", [1, 2, 16, 17])
 def test_projection_in_every_layout_against_float64(rows, dtype):
-    """`qwen3._project` (GEMV at 1 row, multiply-reduce at 2-16 rows in the "out_in" layout, dot
+    """`qwen3_engine._project` (GEMV at 1 row, multiply-reduce at 2-16 rows in the "out_in" layout, dot
     above; the CPU kernel at every row count in "panels", float32 only) against a float64 numpy
     matmul of the same (rounded) inputs: float32 to 1e-6 of the bound on the round-off;
     bfloat16 within the rounding of the output (float32 accumulation)."""
@@ -437,15 +437,16 @@ def test_projection_in_every_layout_against_float64(rows, dtype):
     if dtype == "float32":
         layouts.append(({"w_p": cpu_kernel.to_panels(w)}, "w"))
     for p, name in layouts:
-        got = jax.jit(lambda x, p: qwen3._project(x, p, name))(x, p)
+        got = jax.jit(lambda x, p: qwen3_engine._project(x, p, name))(x, p)
         assert got.dtype == jnp.dtype(dtype) and got.shape == (rows, 48)
         assert np.all(np.abs(np.asarray(got, np.float64) - want) <= tol * scale), (p.keys(), rows, dtype)
-        got32 = jax.jit(lambda x, p: qwen3._project(x, p, name, jnp.float32))(x, p)
+        got32 = jax.jit(lambda x, p: qwen3_engine._project(x, p, name, jnp.float32))(x, p)
         assert got32.dtype == jnp.float32
         assert np.all(np.abs(np.asarray(got32, np.float64) - want) <= 1e-6 * scale), (p.keys(), rows, dtype)
     # The prefill's [G, P, in] rows through the kernel.
     x3 = jnp.asarray(rng.standard_normal((2, rows, 96)), jnp.float32)
-    got3 = jax.jit(lambda x, w: qwen3._project(x, {"w_p": w}, "w"))(x3, cpu_kernel.to_panels(w.astype(jnp.float32)))
+    got3 = jax.jit(lambda x, w: qwen3_engine._project(x, {"w_p": w}, "w"))(
+        x3, cpu_kernel.to_panels(w.astype(jnp.float32)))
     want3 = np.asarray(x3, np.float64) @ np.asarray(w.astype(jnp.float32), np.float64)
     scale3 = np.abs(np.asarray(x3, np.float64)) @ np.abs(np.asarray(w.astype(jnp.float32), np.float64))
     assert got3.shape == (2, rows, 48) and np.all(np.abs(np.asarray(got3, np.float64) - want3) <= 1e-6 * scale3)

@@ -23,7 +23,7 @@ from flax import nnx
 
 from jaxrl import parallel
 from jaxrl.models import qwen3
-from jaxrl.models.hf_io import Qwen3Config
+from jaxrl.models.qwen3_config import Qwen3Config
 
 VALUE_HEAD = "value_head"  # SkyRL's `value_head_prefix`
 

@@ -1,7 +1,7 @@
 """Rotary position embeddings: the default RoPE tables and YaRN context extension.
 
-Imports no JAX at module level (`RopeScaling` is part of `jaxrl.models.hf_io.Qwen3Config`, which
-the vLLM worker uses without JAX); `cos_sin` imports jax.numpy.
+Imports no JAX at module level (`RopeScaling` is part of `jaxrl.models.qwen3_config.Qwen3Config`,
+which the vLLM worker uses without JAX); `cos_sin` imports jax.numpy.
 
 Default RoPE (Su et al. 2021, "RoFormer", eq. 15): the pair of dimensions (j, j + D/2) of a query
 or key at position m is rotated by the angle m·θ_j with θ_j = base^(-2j/D), j = 0 .. D/2 - 1.

@@ -2,9 +2,13 @@
 
 advantages.py  outcome estimators (rloo, rloo_n, grpo, maxrl) and token-level ones with returns
                (reinforce_pp / reinforce++ with a discount, gae with a value model)
-losses.py      policy losses (regular, dual_clip, gspo, cispo, sapo, clip_cov, kl_cov), mini-batch reductions
-               (token_mean, sequence_mean, seq_mean_token_sum_norm), KL, entropy,
-               off-policy correction (TIS, outlier / token / sequence masks), metrics
+losses.py      the micro-batch loss and its metric rules; re-exports the five modules below
+loss_config.py LossConfig (the objective's options) and what the trainer asks of it
+reductions.py  mini-batch reductions (token_mean, sequence_mean, seq_mean_token_sum_norm) as loss
+               weights, clip_cov / kl_cov's token selection
+policy_losses.py  policy losses (regular, dual_clip, gspo, cispo, sapo, clip_cov, kl_cov)
+kl_entropy.py  the KL (k1, k2, k3, abs) and entropy terms
+off_policy.py  off-policy correction (TIS, outlier / token / sequence masks)
 value.py       the critic's clipped value loss and explained variance
 kl_control.py  KL penalty in the reward, fixed and adaptive KL controllers
 registry.py    name → function tables; `register_*` decorators for custom variants

@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxrl.rl.losses import kl_penalty
+from jaxrl.rl.kl_entropy import kl_penalty
 
 KL_CTRL_TYPES = ("fixed", "adaptive")
 ADAPTIVE_ERROR_CLIP = 0.2  # Ziegler et al.: e_t clipped to [-0.2, 0.2]

@@ -14,7 +14,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from jaxrl.rl.losses import LossWeights
+from jaxrl.rl.reductions import LossWeights
 
 
 def value_loss(values, old_values, returns, loss_mask, weights: LossWeights, value_clip: Optional[float] = 0.2):

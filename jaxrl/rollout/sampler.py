@@ -3,15 +3,15 @@
 One jitted program per shape bucket does the whole generation on the device, with no host work
 per token:
 
-1. Prefill (:func:`jaxrl.models.qwen3.prefill`): each distinct prompt of the batch runs once.
+1. Prefill (:func:`jaxrl.models.qwen3_engine.prefill`): each distinct prompt of the batch runs once.
    The ``n`` samples of a prompt form a *group* of R rows that share the prompt's KV cache;
-   generated tokens go to a per-row cache (:func:`jaxrl.models.qwen3.decode_step` attends to
-   both with one softmax). RL asks for ``n_samples_per_prompt`` samples of every prompt, so the
+   generated tokens go to a per-row cache (:func:`jaxrl.models.qwen3_engine.decode_step` attends
+   to both with one softmax). RL asks for ``n_samples_per_prompt`` samples of every prompt, so the
    prompt is prefilled, stored and read once per group instead of once per sample.
 2. A ``lax.while_loop`` that selects one token per row (:func:`select_tokens`), feeds it back and
    exits as soon as every row is done (stop id or ``max_tokens``).
 
-Weights are held per layer (:func:`jaxrl.models.qwen3.engine_params`) so that a decode step
+Weights are held per layer (:func:`jaxrl.models.qwen3_engine.engine_params`) so that a decode step
 reads each weight once, in place; caches are in the compute dtype (bf16 at scale) and written
 in place in the loop state.
 
@@ -54,7 +54,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl.buckets import pow2_buckets, round_up
-from jaxrl.models import qwen3
+from jaxrl.models import qwen3_engine
+from jaxrl.models.qwen3_config import Qwen3Config
 from jaxrl.rollout import weight_sync
 from jaxrl.rollout.types import LOGPROBS_MODES, Completion, EngineRequest, SamplingParams
 
@@ -163,7 +164,7 @@ _NUM_COMPILED: collections.Counter = collections.Counter()
 
 
 def _generate(ep, tokens, token_mask, seeds, prompt_index, sample_index, temperature, top_p, top_k, greedy,
-              logprobs_sampled, logprobs_raw, stop_ids, max_new, *, cfg: qwen3.Qwen3Config, rows_per_group: int,
+              logprobs_sampled, logprobs_raw, stop_ids, max_new, *, cfg: Qwen3Config, rows_per_group: int,
               num_new: int, filtered: bool, sampling: bool, raw: bool = False):
     """Prefill + decode loop.
 
@@ -178,7 +179,7 @@ def _generate(ep, tokens, token_mask, seeds, prompt_index, sample_index, tempera
     row_keys = jax.vmap(lambda s, i, j: jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(s), i), j))(
         seeds, prompt_index, sample_index)
     token_mask = token_mask.astype(bool)
-    logits, prompt_kv = qwen3.prefill(ep, cfg, tokens, token_mask)
+    logits, prompt_kv = qwen3_engine.prefill(ep, cfg, tokens, token_mask)
     logits = jnp.repeat(logits, R, axis=0)
     prompt_len = jnp.repeat(jnp.sum(token_mask, axis=1, dtype=jnp.int32), R)
     select = functools.partial(select_tokens, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
@@ -200,7 +201,8 @@ def _generate(ep, tokens, token_mask, seeds, prompt_index, sample_index, tempera
         tok = jnp.where(active, tok, 0)
         lengths = s["lengths"] + active.astype(jnp.int32)
         hit_stop = active & jnp.any(tok[:, None] == stop_ids, axis=-1)
-        logits, gen_kv = qwen3.decode_step(ep, cfg, tok, prompt_len + step, shared_kv, token_mask, s["gen_kv"], step)
+        logits, gen_kv = qwen3_engine.decode_step(ep, cfg, tok, prompt_len + step, shared_kv, token_mask,
+                                                  s["gen_kv"], step)
         return dict(step=step + 1, logits=logits, gen_kv=gen_kv,
                     out_tokens=jax.lax.dynamic_update_slice(s["out_tokens"], tok[:, None], (0, step)),
                     out_logprobs=jax.lax.dynamic_update_slice(s["out_logprobs"], jnp.where(active, lp, 0.0)[:, None],
@@ -211,7 +213,7 @@ def _generate(ep, tokens, token_mask, seeds, prompt_index, sample_index, tempera
     # Groups of one row keep prompt and generated tokens in one cache per row (one attention
     # matmul instead of two); larger groups read their prompt's cache once for all R rows.
     shared_kv = prompt_kv if R > 1 else None
-    gen_kv = qwen3.init_decode_cache(cfg, B, N) if R > 1 else qwen3.row_cache(prompt_kv, N)
+    gen_kv = qwen3_engine.init_decode_cache(cfg, B, N) if R > 1 else qwen3_engine.row_cache(prompt_kv, N)
     state = dict(step=jnp.int32(0), logits=logits, gen_kv=gen_kv,
                  out_tokens=jnp.zeros((B, N), jnp.int32), out_logprobs=jnp.zeros((B, N), jnp.float32),
                  lengths=jnp.zeros((B,), jnp.int32), stopped=jnp.zeros((B,), bool), done=max_new <= 0)
@@ -244,7 +246,7 @@ class Sampler:
 
     Args:
       params: Qwen3 param tree (`jaxrl.models.qwen3` layout, stacked layers); converted once to
-        :func:`jaxrl.models.qwen3.engine_params` in ``cfg.compute_dtype``.
+        :func:`jaxrl.models.qwen3_engine.engine_params` in ``cfg.compute_dtype``.
       cfg: the model config; ``cfg.dtype`` is the compute dtype (weights, activations, KV caches).
       max_seq_len: prompt + max_tokens limit per row (tokens); also the largest prompt bucket.
       batch_buckets: allowed row counts per program (a call with more rows is split). Default
@@ -257,12 +259,12 @@ class Sampler:
       share_prefix: prefill each prompt once for its ``n`` samples (groups of R rows, R a power
         of two dividing a batch bucket; larger ``n`` is split into several groups). False
         prefills every sample on its own (R = 1); both give the same tokens for the same seeds.
-      layout: the weight layout of :func:`jaxrl.models.qwen3.engine_params` ("in_out", "out_in"
-        or "panels"); default :func:`jaxrl.models.qwen3.engine_layout` of the device's platform,
-        the largest batch bucket and the model. All give the same tokens (float32 round-off apart).
+      layout: the weight layout of :func:`jaxrl.models.qwen3_engine.engine_params` ("in_out",
+        "out_in" or "panels"); default :func:`jaxrl.models.qwen3_engine.engine_layout` of the
+        device's platform, the largest batch bucket and the model. All give the same tokens (float32 round-off apart).
     """
 
-    def __init__(self, params: Any, cfg: qwen3.Qwen3Config, *, max_seq_len: int = 4096, max_batch_rows: int = 64,
+    def __init__(self, params: Any, cfg: Qwen3Config, *, max_seq_len: int = 4096, max_batch_rows: int = 64,
                  batch_buckets: Optional[Sequence[int]] = None, prompt_buckets: Optional[Sequence[int]] = None,
                  new_token_buckets: Optional[Sequence[int]] = None, max_stop_ids: int = 8,
                  eos_token_ids: Sequence[int] = (), policy_version: int = 0, share_prefix: bool = True,
@@ -280,8 +282,8 @@ class Sampler:
         self.group_buckets = tuple(r for r in pow2_buckets(1, top) if r & (r - 1) == 0
                                    and any(b % r == 0 for b in self.batch_buckets)) if self.share_prefix else (1,)
         self._lock = threading.Lock()
-        self.layout = layout or qwen3.engine_layout(jax.devices()[0].platform, self.batch_buckets[-1], cfg)
-        self._convert = jax.jit(functools.partial(qwen3.engine_params, cfg=cfg, layout=self.layout))
+        self.layout = layout or qwen3_engine.engine_layout(jax.devices()[0].platform, self.batch_buckets[-1], cfg)
+        self._convert = jax.jit(functools.partial(qwen3_engine.engine_params, cfg=cfg, layout=self.layout))
         dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         dt = cfg.compute_dtype
         # The published (stacked) layout in the compute dtype: what set_params checks and
@@ -300,7 +302,7 @@ class Sampler:
 
     @property
     def params(self) -> dict:
-        """The weights the engine runs on (:func:`jaxrl.models.qwen3.engine_params` layout)."""
+        """The weights the engine runs on (:func:`jaxrl.models.qwen3_engine.engine_params` layout)."""
         return self._ep
 
     @property
@@ -462,7 +464,7 @@ def sampler_from_hf(checkpoint: str, *, dtype: str = "bfloat16", **kwargs) -> Sa
     """
     from jaxrl.models import hf_io
 
-    cfg = qwen3.Qwen3Config.from_pretrained(checkpoint, dtype=dtype, remat="none")
+    cfg = Qwen3Config.from_pretrained(checkpoint, dtype=dtype, remat="none")
     cfg, params = hf_io.load_hf_checkpoint(checkpoint, cfg)
     if "eos_token_ids" not in kwargs:
         eos = cfg.eos_token_id

@@ -314,12 +314,12 @@ def _read_model_config(model_dir: str):
     import json
     import os
 
-    from jaxrl.models import hf_io
+    from jaxrl.models.qwen3_config import Qwen3Config
 
     path = os.path.join(model_dir, "config.json")
     try:
         with open(path) as f:
-            return hf_io.Qwen3Config.from_hf_dict(json.load(f))
+            return Qwen3Config.from_hf_dict(json.load(f))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"--model-dir: cannot read a Qwen3 config from {path} ({e})") from e
 

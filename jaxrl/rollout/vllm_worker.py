@@ -35,13 +35,14 @@ from typing import Any, Iterator
 import numpy as np
 
 from jaxrl.models import hf_io
+from jaxrl.models.qwen3_config import Qwen3Config
 from jaxrl.rollout import weight_sync
 
 log = logging.getLogger("jaxrl.vllm_worker")
 SYNC_DIR_ENV = "JAXRL_SYNC_DIR"
 
 
-def hf_tensors_from_version(version_dir: str, cfg: hf_io.Qwen3Config) -> Iterator[tuple[str, np.ndarray]]:
+def hf_tensors_from_version(version_dir: str, cfg: Qwen3Config) -> Iterator[tuple[str, np.ndarray]]:
     """Yields ``(hf_name, array)`` in HF names and layout for every tensor of a published version.
 
     Reads with tensorstore, one layer slice at a time (host memory ~ one HF tensor). Arrays keep the
@@ -171,7 +172,7 @@ class OrbaxWeightLoader:
         if version not in ("", None) and int(version) != v:
             raise ValueError(f"version {version} does not match the directory {real} (version {v})")
         runner = self.model_runner  # vLLM: GPU worker attribute
-        cfg = hf_io.Qwen3Config.from_hf_dict(runner.model_config.hf_config.to_dict())  # vLLM: served config
+        cfg = Qwen3Config.from_hf_dict(runner.model_config.hf_config.to_dict())  # vLLM: served config
         count, nbytes = 0, 0
 
         def weights():

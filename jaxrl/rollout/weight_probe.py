@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxrl.models import hf_io, rope
+from jaxrl.models.qwen3_config import Qwen3Config
 from jaxrl.rollout import weight_sync
 
 PROBE_LEN = 24  # tokens; logprobs are compared at positions 1..PROBE_LEN-1
@@ -58,7 +59,7 @@ def _read(version_dir: str, m: hf_io.TensorMap, cfg, layer=None) -> np.ndarray:
     return hf_io.ours_to_hf(m, arr, cfg).astype(np.float64)
 
 
-def reference_logprobs(version_dir: str, cfg: hf_io.Qwen3Config, tokens: list[int]) -> np.ndarray:
+def reference_logprobs(version_dir: str, cfg: Qwen3Config, tokens: list[int]) -> np.ndarray:
     """log p(tokens[t] | tokens[:t]) for t = 1..len-1 under the published version, float64 ``[len-1]``.
 
     Args:

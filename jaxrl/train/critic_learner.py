@@ -28,17 +28,17 @@ import optax
 from jaxrl import parallel
 from jaxrl.models import critic as critic_model
 from jaxrl.models import hf_io, qwen3
-from jaxrl.rl import losses, value
+from jaxrl.rl import losses, reductions, value
 from jaxrl.train import step as step_lib
 
 
-def critic_micro_loss(params, micro: dict, weights: losses.LossWeights, model_cfg, value_clip: Optional[float]):
+def critic_micro_loss(params, micro: dict, weights: reductions.LossWeights, model_cfg, value_clip: Optional[float]):
     """Clipped value loss of one micro-batch (`rl.value_loss`) and its metrics."""
     v = critic_model.values(params, model_cfg, micro["tokens"], micro["positions"], micro["segment_ids"])
     return value.value_loss(v, micro["old_values"], micro["returns"], micro["loss_mask"], weights, value_clip)
 
 
-def critic_train_step(params, opt_state, batch: dict, weights: losses.LossWeights, *, model_cfg,
+def critic_train_step(params, opt_state, batch: dict, weights: reductions.LossWeights, *, model_cfg,
                       value_clip: Optional[float], num_micro_batches: int, tx: optax.GradientTransformation,
                       schedule):
     """One optimizer step of the critic on one mini-batch.
@@ -152,7 +152,7 @@ class CriticLearner:
         """V_old [M, T-1] float32 (target-aligned) of a mini-batch's global arrays."""
         return self._values(self.params, tokens, positions, segment_ids)
 
-    def update(self, batch: dict, weights: losses.LossWeights) -> dict:
+    def update(self, batch: dict, weights: reductions.LossWeights) -> dict:
         """One optimizer step on one mini-batch (`critic_train_step`); returns its metrics (device)."""
         self.params, self.opt_state, metrics = self._train_step(self.params, self.opt_state, batch, weights)
         return metrics

@@ -22,7 +22,8 @@ from jaxrl import parallel
 from jaxrl.config import loss_config  # noqa: F401  (re-exported: the trainer's objective)
 from jaxrl.envs import DEFAULT_POLICY_DIR
 from jaxrl.models import qwen3
-from jaxrl.rl import losses
+from jaxrl.rl import losses, reductions
+from jaxrl.rl.loss_config import LossConfig
 from jaxrl.train import advantage_stage
 from jaxrl.train import step as step_lib
 from jaxrl.train.critic_learner import CriticLearner
@@ -104,7 +105,7 @@ class Learner:
       master params live (pinned host memory under optimizer offload); loss_cfg: the objective.
     """
 
-    def __init__(self, c, model_cfg, mesh, param_sharding, state_param_sharding, loss_cfg: losses.LossConfig):
+    def __init__(self, c, model_cfg, mesh, param_sharding, state_param_sharding, loss_cfg: LossConfig):
         self.c = c
         self.model_cfg = model_cfg
         self.mesh = mesh
@@ -163,9 +164,10 @@ class Learner:
         self._logprobs = jax.jit(batch_logprobs)
         # Jitted so that it is one SPMD program over the global mini-batch in multi-process runs.
         self._loss_weights = jax.jit(lambda loss_mask, sequence_mask, old_logprobs, advantages, rng:
-                                     losses.compute_loss_weights(loss_mask, self.loss_cfg, sequence_mask=sequence_mask,
-                                                                 old_logprobs=old_logprobs, advantages=advantages,
-                                                                 rng=rng))
+                                     reductions.compute_loss_weights(loss_mask, self.loss_cfg,
+                                                                     sequence_mask=sequence_mask,
+                                                                     old_logprobs=old_logprobs, advantages=advantages,
+                                                                     rng=rng))
         self._logprob_diff = jax.jit(logprob_diff)
         replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())  # readable on every process
         self._row_logprob_diff = jax.jit(row_logprob_diff, out_shardings=(replicated, replicated))

@@ -10,7 +10,7 @@ import sys
 
 import jax
 
-from jaxrl.models import hf_io
+from jaxrl.models import chat_template, hf_io
 from jaxrl.fileio import read_error_text
 from jaxrl.train.checkpoint import (CheckpointStore, collect_unraisable, is_damage_error, replay_unraisable,
                                    silence_unraisable_about)
@@ -185,7 +185,7 @@ class Checkpoints:
         `workdir/best/`, replacing it atomically (a temp directory, then a rename). With
         `prompt_format` (`jaxrl.envs.chat.PromptFormat`), its chat template defaults to the
         training prompt format and `generation` is merged into generation_config.json
-        (`hf_io.write_prompt_format`)."""
+        (`jaxrl.models.chat_template.write_prompt_format`)."""
         if jax.process_count() > 1:  # the exporter reads whole tensors on process 0
             from jax.experimental import multihost_utils
 
@@ -197,8 +197,8 @@ class Checkpoints:
             hf_io.save_hf_checkpoint(params, self.model_cfg, tmp, dtype="float32", tokenizer_dir=self.model_dir)
             shutil.copy(os.path.join(self.workdir, "rl_config.json"), os.path.join(tmp, "rl_config.json"))
             if prompt_format is not None:
-                hf_io.write_prompt_format(tmp, prompt_format.system_prompt, prompt_format.enable_thinking, generation,
-                                          template=prompt_format.template)
+                chat_template.write_prompt_format(tmp, prompt_format.system_prompt, prompt_format.enable_thinking,
+                                                  generation, template=prompt_format.template)
             shutil.rmtree(out, ignore_errors=True)
             os.replace(tmp, out)
 

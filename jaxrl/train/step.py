@@ -2,8 +2,8 @@
 gradient accumulation.
 
 The mini-batch loss is a weighted sum whose weights are fixed for the whole mini-batch
-(`jaxrl.rl.losses.compute_loss_weights`, docs/architecture.md §4), so the gradient accumulated over K
-micro-batches inside one compiled `lax.scan` equals the gradient of the whole mini-batch, for
+(`jaxrl.rl.reductions.compute_loss_weights`, docs/architecture.md §4), so the gradient accumulated
+over K micro-batches inside one compiled `lax.scan` equals the gradient of the whole mini-batch, for
 any K and any sharding of the rows. A non-finite gradient norm skips the update (params and
 optimizer state unchanged, the schedule not advanced) and is reported as `update_skipped`.
 """
@@ -19,7 +19,8 @@ from jax.sharding import PartitionSpec as P
 
 from jaxrl.models import attention as attention_lib
 from jaxrl.models import qwen3
-from jaxrl.rl import losses
+from jaxrl.rl import losses, reductions
+from jaxrl.rl.loss_config import LossConfig
 
 BATCH_AXES = ("data", "fsdp")
 
@@ -34,14 +35,15 @@ class StepConfig:
       num_micro_batches: micro-batches per mini-batch (gradient accumulation steps).
       chunk_size: positions per chunk of the chunked log-softmax.
       save_probs: the loss's backward pass reads the probabilities saved by the forward pass
-        instead of recomputing the logits (see :func:`jaxrl.models.qwen3.logprobs_from_hidden`).
+        instead of recomputing the logits (see
+        :func:`jaxrl.models.logprob_head.logprobs_from_hidden`).
       offload: where the optimizer state lives between steps (:data:`OFFLOAD_MODES`):
         ``'none'`` (device memory), ``'moments'`` (Adam mu/nu in pinned host memory) or
         ``'moments_and_master'`` (also the fp32 master params). Offloaded trees must be passed
         in (and are returned in) ``pinned_host`` shardings, see :func:`jaxrl.parallel.with_memory_kind`.
     """
 
-    loss: losses.LossConfig
+    loss: LossConfig
     temperature: float = 1.0
     num_micro_batches: int = 1
     chunk_size: int = 1024
@@ -149,7 +151,7 @@ def _metric_init(shapes):
     return {k: jnp.full(s.shape, losses.metric_identity(k), jnp.float32) for k, s in shapes.items()}
 
 
-def accumulate_gradients(params, batch: dict, weights: losses.LossWeights, model_cfg, step_cfg: StepConfig):
+def accumulate_gradients(params, batch: dict, weights: reductions.LossWeights, model_cfg, step_cfg: StepConfig):
     """Sum of loss gradients over `step_cfg.num_micro_batches` micro-batches (a `lax.scan`).
 
     Args:
@@ -204,7 +206,7 @@ def accumulate_gradients(params, batch: dict, weights: losses.LossWeights, model
     return grads, metrics
 
 
-def train_step(params, opt_state, batch: dict, weights: losses.LossWeights, *, model_cfg, step_cfg: StepConfig,
+def train_step(params, opt_state, batch: dict, weights: reductions.LossWeights, *, model_cfg, step_cfg: StepConfig,
                tx: optax.GradientTransformation, schedule: Callable[[Any], Any]):
     """One optimizer step on one mini-batch; returns (params, opt_state, metrics).
 

@@ -44,7 +44,8 @@ from jaxrl.envs.harbor.errors import (AgentTimeoutError, HarborTaskError, Sandbo
                                       UnsupportedEnvironmentError)
 from jaxrl.envs.harbor.families import (FAMILIES, SHIPPED_TASKS_DIR, TaskSpec, generate_tasks, load_transcript,
                                         make_task, write_shipped_tasks)
-from jaxrl.envs.harbor.profiles import EnvironmentSpec, Profile, find_python, register_profile, resolve_environment
+from jaxrl.envs.harbor.profiles import EnvironmentSpec, Profile, register_profile, resolve_environment
+from jaxrl.envs.harbor.python_runtime import find_python
 from jaxrl.envs.harbor.runner import (TaskCheck, arun_trials, check_tasks, default_concurrency, empty_agent,
                                       format_check_table, oracle_agent, run_trial, run_trials)
 from jaxrl.envs.harbor.sandbox import (UNSAFE_HOST_BACKEND, Limits, RunResult, Sandbox, SandboxConfig,

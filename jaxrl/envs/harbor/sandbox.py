@@ -82,7 +82,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from jaxrl.envs.harbor.errors import SandboxError, SandboxUnavailableError
-from jaxrl.envs.harbor.profiles import SANDBOX_PATH, EnvironmentSpec, PythonRuntime, find_python, get_profile
+from jaxrl.envs.harbor.profiles import SANDBOX_PATH, EnvironmentSpec, get_profile
+from jaxrl.envs.harbor.python_runtime import PythonRuntime, find_python
 
 log = logging.getLogger(__name__)
 

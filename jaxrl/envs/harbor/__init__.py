@@ -48,8 +48,9 @@ from jaxrl.envs.harbor.profiles import EnvironmentSpec, Profile, register_profil
 from jaxrl.envs.harbor.python_runtime import find_python
 from jaxrl.envs.harbor.runner import (TaskCheck, arun_trials, check_tasks, default_concurrency, empty_agent,
                                       format_check_table, oracle_agent, run_trial, run_trials)
-from jaxrl.envs.harbor.sandbox import (UNSAFE_HOST_BACKEND, Limits, RunResult, Sandbox, SandboxConfig,
-                                       check_sandbox)
+from jaxrl.envs.harbor.host import check_sandbox
+from jaxrl.envs.harbor.sandbox import RunResult, Sandbox
+from jaxrl.envs.harbor.sandbox_config import UNSAFE_HOST_BACKEND, Limits, SandboxConfig
 from jaxrl.envs.harbor.task import HarborTask, TaskConfig, find_task_dirs, load_task, load_task_set, parse_task_toml
 from jaxrl.envs.harbor.terminal import MAX_OUTPUT_BYTES, Terminal, keys_to_bytes, limit_output
 from jaxrl.envs.harbor.trial import (LIMIT_KINDS, AgentStop, ExecResult, Outcome, Trial, TrialConfig, TrialResult,

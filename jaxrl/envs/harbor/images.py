@@ -45,7 +45,10 @@ from typing import Optional, Sequence
 
 from jaxrl.envs.harbor.errors import SandboxError
 from jaxrl.envs.harbor.profiles import EnvironmentSpec
-from jaxrl.envs.harbor.sandbox import Limits, Sandbox, SandboxConfig, _profile_dir, disk_usage
+from jaxrl.envs.harbor.fsutil import disk_usage
+from jaxrl.envs.harbor.profile_dir import _profile_dir
+from jaxrl.envs.harbor.sandbox import Sandbox
+from jaxrl.envs.harbor.sandbox_config import Limits, SandboxConfig
 from jaxrl.fileio import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -797,7 +800,7 @@ class ImageSandbox(Sandbox):
         self.environment = dataclasses.replace(self.environment, workdir=workdir)
         self._mkdir_in_rootfs(workdir)
         if self.limits_backend == "cgroup":
-            from jaxrl.envs.harbor.sandbox import detect_cgroups
+            from jaxrl.envs.harbor.cgroups import detect_cgroups
 
             cg, _ = detect_cgroups(self.config.cgroup_parent)
             self.cgroup = cg.create(self.limits, None)

@@ -145,7 +145,7 @@ def run_trials(jobs: Iterable[tuple[HarborTask, Optional[Agent]]], *, config: Tr
             return list(ex.map(one, jobs))
     finally:
         if trials_dir is None:
-            from jaxrl.envs.harbor.sandbox import remove_tree
+            from jaxrl.envs.harbor.fsutil import remove_tree
 
             remove_tree(root)
 

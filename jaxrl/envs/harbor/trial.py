@@ -64,7 +64,9 @@ from typing import Any, Optional
 
 from jaxrl.envs.harbor.errors import AgentTimeoutError, SandboxError
 from jaxrl.envs.harbor.images import IMAGE_PROFILE, ImageCacheConfig, ImageSandbox, image_cache
-from jaxrl.envs.harbor.sandbox import Limits, RunResult, Sandbox, SandboxConfig, read_file_nofollow, remove_tree
+from jaxrl.envs.harbor.fsutil import read_file_nofollow, remove_tree
+from jaxrl.envs.harbor.sandbox import RunResult, Sandbox
+from jaxrl.envs.harbor.sandbox_config import Limits, SandboxConfig
 from jaxrl.envs.harbor.task import HarborTask
 from jaxrl.envs.harbor.terminal import Terminal, TmuxTerminal
 

@@ -276,7 +276,7 @@ def check_tasks(tasks: Sequence[HarborTask], *, config: TrialConfig = TrialConfi
         return _gate(tasks, config, concurrency, trials_dir, build_errors)
     finally:
         if pinned:
-            from jaxrl.envs.harbor.images import image_cache
+            from jaxrl.envs.harbor.image_cache import image_cache
 
             cache = image_cache(config.images)
             for tag in pinned:
@@ -324,7 +324,9 @@ def build_images(tasks: Sequence[HarborTask], config: TrialConfig = TrialConfig(
     Returns:
       (`{str(task.path): the build's one-line error}` for the tasks whose build failed, the pinned tags).
     """
-    from jaxrl.envs.harbor.images import IMAGE_PROFILE, ImageBuildError, image_cache
+    from jaxrl.envs.harbor.builders import ImageBuildError
+    from jaxrl.envs.harbor.image_cache import image_cache
+    from jaxrl.envs.harbor.images import IMAGE_PROFILE
 
     todo = [t for t in tasks if t.environment.profile == IMAGE_PROFILE]
     if not todo:

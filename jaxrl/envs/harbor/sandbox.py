@@ -186,7 +186,7 @@ class Sandbox:
         self.config = config
         self.allow_internet = allow_internet
         self.limits_backend = check_sandbox(config)
-        # "image": the task's own built image (images.ImageSandbox), no host profile
+        # "image": the task's own built image (image_sandbox.ImageSandbox), no host profile
         self.profile = get_profile(environment.profile) if environment.profile != "image" else None
         self.python = find_python(config.python) if self.profile is not None and self.profile.python else None
         self._procs: set[subprocess.Popen] = set()

@@ -63,7 +63,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from jaxrl.envs.harbor.errors import AgentTimeoutError, SandboxError
-from jaxrl.envs.harbor.images import IMAGE_PROFILE, ImageCacheConfig, ImageSandbox, image_cache
+from jaxrl.envs.harbor.image_cache import ImageCacheConfig, image_cache
+from jaxrl.envs.harbor.image_sandbox import ImageSandbox
+from jaxrl.envs.harbor.images import IMAGE_PROFILE
 from jaxrl.envs.harbor.fsutil import read_file_nofollow, remove_tree
 from jaxrl.envs.harbor.sandbox import RunResult, Sandbox
 from jaxrl.envs.harbor.sandbox_config import Limits, SandboxConfig
@@ -129,7 +131,7 @@ class TrialConfig:
       stop_agent_processes: kill the agent's processes (its shell, background jobs) when the agent
         phase ends, before the verifier runs. Default False, as Harbor: they keep running through
         verification (a task may ask for a running process) and die at `close()`.
-      images: the image cache of tasks on the image backend (`images.ImageCacheConfig`: base-image map,
+      images: the image cache of tasks on the image backend (`image_cache.ImageCacheConfig`: base-image map,
         size cap, build concurrency).
     """
 

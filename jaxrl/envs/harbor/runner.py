@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
 from jaxrl.envs.harbor.errors import AgentTimeoutError, SandboxError
+from jaxrl.envs.harbor.outcomes import AgentStop, Outcome, TrialResult
 from jaxrl.envs.harbor.task import HarborTask
-from jaxrl.envs.harbor.trial import AgentStop, Outcome, Trial, TrialConfig, TrialResult
+from jaxrl.envs.harbor.trial import Trial, TrialConfig
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ sys.path.insert(0, ROOT)
 
 from jaxrl.config import base_image_pairs  # noqa: E402
 from jaxrl.envs.harbor import Trial, TrialConfig, load_task  # noqa: E402
-from jaxrl.envs.harbor.images import ImageCacheConfig, image_cache  # noqa: E402
+from jaxrl.envs.harbor.image_cache import ImageCacheConfig, image_cache  # noqa: E402
 
 TOML = """[task]
 name = "bench/startup"

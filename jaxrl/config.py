@@ -1190,8 +1190,8 @@ def base_image_pairs(entries) -> tuple:
 
 
 def image_cache_config(h):
-    """The `images.ImageCacheConfig` of the `harbor.*` image-backend keys."""
-    from jaxrl.envs.harbor.images import ImageCacheConfig
+    """The `image_cache.ImageCacheConfig` of the `harbor.*` image-backend keys."""
+    from jaxrl.envs.harbor.image_cache import ImageCacheConfig
 
     return ImageCacheConfig(base_images=base_image_pairs(h.base_images), cache_dir=h.image_cache_dir or None,
                             max_mb=int(h.image_cache_max_mb), build_concurrency=int(h.build_concurrency))

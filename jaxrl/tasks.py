@@ -51,7 +51,7 @@ def _pytest_problem(tasks, config: TrialConfig):
     """Why the tasks of the `python` profile (verifiers that run pytest) cannot run here, naming
     how many need it and the fix, or None (before any trial starts, not as a failure mid-check)."""
     from jaxrl.envs.harbor import UnsupportedEnvironmentError
-    from jaxrl.envs.harbor.profiles import find_python
+    from jaxrl.envs.harbor.python_runtime import find_python
 
     needs = [t for t in tasks if t.environment.profile == "python"]
     if not needs:

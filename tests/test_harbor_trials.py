@@ -458,15 +458,15 @@ def test_ctrl_c_works_when_the_host_process_ignores_and_blocks_sigint(tmp_path, 
     `sleep` in the trial's shell. Trial processes now start with default signals and an empty mask:
     through ``env --default-signal`` (no Python code between fork and exec), or on hosts whose env
     lacks that option through a `preexec_fn` (forced here with reset="preexec_fn")."""
-    from jaxrl.envs.harbor import sandbox as sandbox_mod
+    from jaxrl.envs.harbor import spawn as spawn_mod
 
     if reset == "env":
-        assert sandbox_mod._env_resets_signals(), "this host's env has no --default-signal (coreutils < 8.31)"
-        assert sandbox_mod._signal_kwargs() == {}
-        assert sandbox_mod._with_default_signals(["x"]) == ["/usr/bin/env", "--default-signal", "x"]
+        assert spawn_mod._env_resets_signals(), "this host's env has no --default-signal (coreutils < 8.31)"
+        assert spawn_mod._signal_kwargs() == {}
+        assert spawn_mod._with_default_signals(["x"]) == ["/usr/bin/env", "--default-signal", "x"]
     else:
-        monkeypatch.setattr(sandbox_mod, "_env_resets_signals", lambda: False)
-        assert sandbox_mod._with_default_signals(["x"]) == ["x"]
+        monkeypatch.setattr(spawn_mod, "_env_resets_signals", lambda: False)
+        assert spawn_mod._with_default_signals(["x"]) == ["x"]
     old_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
     try:

@@ -28,7 +28,7 @@ import logging
 import time
 from typing import Callable, Sequence
 
-from jaxrl.envs.harbor.trial import Outcome
+from jaxrl.envs.harbor.outcomes import Outcome
 
 log = logging.getLogger(__name__)
 

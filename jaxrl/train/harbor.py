@@ -149,9 +149,9 @@ def remove_stale_trials(workdir: str) -> int:
     workdir lock rules out a live run using them. Returns how many were removed.
 
     Raises:
-      OSError: a folder could not be removed (`sandbox.remove_tree`).
+      OSError: a folder could not be removed (`fsutil.remove_tree`).
     """
-    from jaxrl.envs.harbor.sandbox import remove_tree
+    from jaxrl.envs.harbor.fsutil import remove_tree
 
     trials = os.path.join(workdir, "trials")
     try:

@@ -10,7 +10,7 @@ Environments (`profiles.py`): each task's Dockerfile is read (not built) and map
 profile (`shell`, or `python` = a read-only Python with pytest); unsupported instructions are refused
 with the line named. `register_profile` adds profiles.
 
-Trials (`trial.py`, `sandbox.py`, `terminal.py`): one sandbox per trial (bwrap namespaces, no
+Trials (`trial.py`, `outcomes.py`, `sandbox.py`, `terminal.py`): one sandbox per trial (bwrap namespaces, no
 network, read-only system, private /app /tmp /logs, cgroup or rlimit limits, every process killed at
 the end)::
 
@@ -44,15 +44,17 @@ from jaxrl.envs.harbor.errors import (AgentTimeoutError, HarborTaskError, Sandbo
                                       UnsupportedEnvironmentError)
 from jaxrl.envs.harbor.families import (FAMILIES, SHIPPED_TASKS_DIR, TaskSpec, generate_tasks, load_transcript,
                                         make_task, write_shipped_tasks)
-from jaxrl.envs.harbor.profiles import EnvironmentSpec, Profile, find_python, register_profile, resolve_environment
+from jaxrl.envs.harbor.host import check_sandbox
+from jaxrl.envs.harbor.outcomes import LIMIT_KINDS, AgentStop, Outcome, TrialResult, VerifierResult, parse_reward
+from jaxrl.envs.harbor.profiles import EnvironmentSpec, Profile, register_profile, resolve_environment
+from jaxrl.envs.harbor.python_runtime import find_python
 from jaxrl.envs.harbor.runner import (TaskCheck, arun_trials, check_tasks, default_concurrency, empty_agent,
                                       format_check_table, oracle_agent, run_trial, run_trials)
-from jaxrl.envs.harbor.sandbox import (UNSAFE_HOST_BACKEND, Limits, RunResult, Sandbox, SandboxConfig,
-                                       check_sandbox)
+from jaxrl.envs.harbor.sandbox import RunResult, Sandbox
+from jaxrl.envs.harbor.sandbox_config import UNSAFE_HOST_BACKEND, Limits, SandboxConfig
 from jaxrl.envs.harbor.task import HarborTask, TaskConfig, find_task_dirs, load_task, load_task_set, parse_task_toml
 from jaxrl.envs.harbor.terminal import MAX_OUTPUT_BYTES, Terminal, keys_to_bytes, limit_output
-from jaxrl.envs.harbor.trial import (LIMIT_KINDS, AgentStop, ExecResult, Outcome, Trial, TrialConfig, TrialResult,
-                                     VerifierResult, parse_reward)
+from jaxrl.envs.harbor.trial import ExecResult, Trial, TrialConfig
 
 __all__ = [
     "extract_parquet", "pack_task", "safe_extract_tar", "write_parquet",

@@ -65,11 +65,12 @@ from typing import Any, Optional, Sequence
 
 from jaxrl.envs.types import DONE_IF_LAST_TURN, StepResult, Task
 from jaxrl.envs.harbor.errors import AgentTimeoutError, SandboxError
+from jaxrl.envs.harbor.outcomes import Outcome
 from jaxrl.envs.harbor.parser import (DEFAULT_DURATION_SEC, MAX_COMMAND_DURATION_SEC, Command,  # noqa: F401
                                       ParsedResponse, format_warnings, parse_response)
 from jaxrl.envs.harbor.task import HarborTask
 from jaxrl.envs.harbor.terminal import MAX_OUTPUT_BYTES
-from jaxrl.envs.harbor.trial import Outcome, Trial, TrialConfig
+from jaxrl.envs.harbor.trial import Trial, TrialConfig
 
 log = logging.getLogger(__name__)
 

@@ -43,10 +43,10 @@ def image_options_problem(args) -> str | None:
 
 
 def image_config(args):
-    """The `images.ImageCacheConfig` of the image-backend flags (`args.base_image`,
+    """The `image_cache.ImageCacheConfig` of the image-backend flags (`args.base_image`,
     `args.image_cache_dir`, `args.image_cache_max_mb`, `args.build_concurrency`)."""
     from jaxrl.config import base_image_pairs
-    from jaxrl.envs.harbor.images import ImageCacheConfig
+    from jaxrl.envs.harbor.image_cache import ImageCacheConfig
 
     return ImageCacheConfig(base_images=base_image_pairs(args.base_image or ()), cache_dir=args.image_cache_dir,
                             max_mb=args.image_cache_max_mb, build_concurrency=args.build_concurrency)

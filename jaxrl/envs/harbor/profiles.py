@@ -27,30 +27,24 @@ Profiles are extendable: `register_profile(Profile(...))` adds one (tried before
 Built-ins: `shell` (the host's /usr: bash, coreutils and the programs in `APT_PROGRAMS`) and
 `python` (the same plus a Python that can import pytest, bound read-only; see `find_python`).
 
-The Python of the `python` profile is found in this order: `find_python(path)` argument, the
-`JAXRL_SANDBOX_PYTHON` environment variable, the running interpreter (`sys.executable`, e.g. the
-project's venv, which has pytest with the `dev` extra), `/usr/bin/python3`. The first one that can
-import pytest is used; its install prefixes are bound read-only into the sandbox at the same paths
-and `python3`, `python`, `pytest` and `pip` on the sandbox PATH run it.
+The Python of the `python` profile: `python_runtime.find_python` (the order it tries is in
+`python_runtime`'s module docstring).
 """
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import functools
 import glob
-import json
 import os
 import posixpath
 import re
 import shlex
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from jaxrl.envs.harbor.dockerfile import _dockerfile_lines, _expand, _split_chain, exec_form
 from jaxrl.envs.harbor.errors import UnsupportedEnvironmentError
+from jaxrl.envs.harbor.python_runtime import PythonRuntime, _importable, _under, find_python  # noqa: F401
 
 SANDBOX_WORKDIR = "/app"
 SANDBOX_PATH = "/opt/jaxrl/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -146,199 +140,6 @@ class EnvironmentSpec:
     copies: tuple = ()
     mkdirs: tuple = ()
     notes: tuple = ()
-
-
-# ---------------------------------------------------------------------------------------------
-# Python discovery
-
-
-@dataclasses.dataclass(frozen=True)
-class PythonRuntime:
-    """A Python that can import pytest, as seen from the sandbox.
-
-    Attributes:
-      executable: the interpreter path (the same path on the host and in the sandbox).
-      bind_paths: host directories bound read-only at the same path (its prefixes, outside /usr).
-      version: `sys.version` of that Python.
-    """
-
-    executable: str
-    bind_paths: tuple[str, ...]
-    version: str
-
-
-_PROBE = r"""
-import json, sys, sysconfig
-try:
-    import pytest
-    pt = pytest.__file__
-except Exception:
-    pt = None
-print(json.dumps({"executable": sys.executable, "prefix": sys.prefix, "base_prefix": sys.base_prefix,
-                  "exec_prefix": sys.exec_prefix, "base_exec_prefix": sys.base_exec_prefix,
-                  "purelib": sysconfig.get_path("purelib"), "platlib": sysconfig.get_path("platlib"),
-                  "version": sys.version, "pytest": pt}))
-"""
-
-
-def _probe(exe: str) -> Optional[dict]:
-    try:
-        out = subprocess.run([exe, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=60,
-                             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    try:
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return None
-
-
-def _under(path: str, root: str) -> bool:
-    return os.path.commonpath([path, root]) == root
-
-
-@functools.lru_cache(maxsize=None)
-def _runtime_for(exe: str) -> Optional[PythonRuntime]:
-    info = _probe(exe)
-    if info is None or info["pytest"] is None:
-        return None
-    dirs = []
-    for key in ("base_prefix", "prefix", "base_exec_prefix", "exec_prefix"):
-        d = os.path.realpath(info[key])
-        if d not in dirs:
-            dirs.append(d)
-    # pytest may live outside the prefixes (a user site); bind its site-packages directory too.
-    site = os.path.dirname(os.path.dirname(os.path.realpath(info["pytest"])))
-    if not any(_under(site, d) for d in dirs):
-        dirs.append(site)
-    dirs = [d for d in dirs if not _under(d, "/usr") and d != "/"]
-    # keep only outermost directories
-    dirs = [d for d in dirs if not any(o != d and _under(d, o) for o in dirs)]
-    # the executable itself (e.g. a venv's bin/python, a symlink into base_prefix) must be reachable
-    exe_path = info["executable"]
-    if not any(_under(os.path.dirname(exe_path), d) for d in dirs) and not _under(exe_path, "/usr"):
-        dirs.append(os.path.dirname(exe_path))
-    return PythonRuntime(executable=exe_path, bind_paths=tuple(sorted(dirs)), version=info["version"])
-
-
-def find_python(path: Optional[str] = None) -> PythonRuntime:
-    """The Python the `python` profile runs (order in the module docstring).
-
-    Raises:
-      UnsupportedEnvironmentError: no candidate can import pytest (the message lists what was tried and the fix).
-    """
-    if path:
-        candidates = [path]
-    elif os.environ.get("JAXRL_SANDBOX_PYTHON"):
-        candidates = [os.environ["JAXRL_SANDBOX_PYTHON"]]
-    else:
-        candidates = [sys.executable, "/usr/bin/python3"]
-    for c in candidates:
-        exe = shutil.which(c) or c
-        rt = _runtime_for(exe)
-        if rt is not None:
-            return rt
-    raise UnsupportedEnvironmentError(
-        f"no Python with pytest for the sandbox's `python` profile (tried {', '.join(candidates)}): "
-        "install pytest into one of them (`pip install pytest`: the plain `pip install -e .` has none, "
-        "`pip install -e '.[dev]'` has it; or `apt-get install python3-pytest`) "
-        "or point JAXRL_SANDBOX_PYTHON / sandbox.python at a Python that has it")
-
-
-@functools.lru_cache(maxsize=None)
-def _importable(exe: str, modules: tuple[str, ...]) -> dict:
-    code = ("import importlib.util, json, sys\n"
-            "print(json.dumps({m: importlib.util.find_spec(m) is not None for m in sys.argv[1:]}))")
-    out = subprocess.run([exe, "-I", "-c", code, *modules], capture_output=True, text=True, timeout=60)
-    return json.loads(out.stdout) if out.returncode == 0 else {m: False for m in modules}
-
-
-# ---------------------------------------------------------------------------------------------
-# Dockerfile reading
-
-
-def _dockerfile_lines(text: str) -> list[tuple[int, str]]:
-    """(first line number, logical line) pairs: continuations joined, comments and blanks dropped."""
-    out, buf, start = [], "", 0
-    for i, raw in enumerate(text.splitlines(), start=1):
-        line = raw.rstrip()
-        if not buf and (not line.strip() or line.lstrip().startswith("#")):
-            continue
-        if buf and line.lstrip().startswith("#"):
-            continue  # comment lines inside a continuation are dropped by Docker
-        if not buf:
-            start = i
-        if line.endswith("\\"):
-            buf += line[:-1] + " "
-            continue
-        out.append((start, buf + line))
-        buf = ""
-    if buf.strip():
-        out.append((start, buf))
-    return out
-
-
-_VAR_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
-
-
-def _expand(s: str, variables: dict) -> str:
-    def sub(m):
-        name = m.group(1) or m.group(3)
-        if name in variables:
-            return variables[name]
-        return m.group(2) if m.group(2) is not None else ""
-    return _VAR_RE.sub(sub, s)
-
-
-def _split_chain(cmd: str) -> list[str]:
-    """Splits a RUN shell command on top-level `&&`, `||` and `;` (quotes respected): every part must
-    be one the sandbox honours, whichever of them would run."""
-    parts, cur, quote, i = [], "", None, 0
-    while i < len(cmd):
-        c = cmd[i]
-        if quote:
-            cur += c
-            if c == quote:
-                quote = None
-            elif c == "\\" and quote == '"' and i + 1 < len(cmd):
-                cur += cmd[i + 1]
-                i += 1
-        elif c in "'\"":
-            quote = c
-            cur += c
-        elif cmd.startswith("&&", i) or cmd.startswith("||", i):
-            parts.append(cur)
-            cur = ""
-            i += 1
-        elif c == ";":
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += c
-        i += 1
-    parts.append(cur)
-    return [p.strip() for p in parts if p.strip()]
-
-
-def exec_form(args: str) -> Optional[list[str]]:
-    """The argv of an instruction's exec form, or None when `args` is shell form.
-
-    Docker's rule, for every instruction with both forms (RUN, CMD, ENTRYPOINT, HEALTHCHECK CMD, COPY,
-    ADD): the text is exec form only if it parses as a JSON array of strings; anything else, a
-    leading `[` included (`RUN [ -e /x ] || true`), is shell form.
-    """
-    text = args.strip()
-    if not text.startswith("["):
-        return None
-    try:
-        argv = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
-        return None
-    return argv
 
 
 class _Blocked(Exception):

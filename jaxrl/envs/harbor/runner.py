@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
 from jaxrl.envs.harbor.errors import AgentTimeoutError, SandboxError
+from jaxrl.envs.harbor.outcomes import AgentStop, Outcome, TrialResult
 from jaxrl.envs.harbor.task import HarborTask
-from jaxrl.envs.harbor.trial import AgentStop, Outcome, Trial, TrialConfig, TrialResult
+from jaxrl.envs.harbor.trial import Trial, TrialConfig
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ def run_trials(jobs: Iterable[tuple[HarborTask, Optional[Agent]]], *, config: Tr
             return list(ex.map(one, jobs))
     finally:
         if trials_dir is None:
-            from jaxrl.envs.harbor.sandbox import remove_tree
+            from jaxrl.envs.harbor.fsutil import remove_tree
 
             remove_tree(root)
 
@@ -276,7 +277,7 @@ def check_tasks(tasks: Sequence[HarborTask], *, config: TrialConfig = TrialConfi
         return _gate(tasks, config, concurrency, trials_dir, build_errors)
     finally:
         if pinned:
-            from jaxrl.envs.harbor.images import image_cache
+            from jaxrl.envs.harbor.image_cache import image_cache
 
             cache = image_cache(config.images)
             for tag in pinned:
@@ -324,7 +325,9 @@ def build_images(tasks: Sequence[HarborTask], config: TrialConfig = TrialConfig(
     Returns:
       (`{str(task.path): the build's one-line error}` for the tasks whose build failed, the pinned tags).
     """
-    from jaxrl.envs.harbor.images import IMAGE_PROFILE, ImageBuildError, image_cache
+    from jaxrl.envs.harbor.builders import ImageBuildError
+    from jaxrl.envs.harbor.image_cache import image_cache
+    from jaxrl.envs.harbor.images import IMAGE_PROFILE
 
     todo = [t for t in tasks if t.environment.profile == IMAGE_PROFILE]
     if not todo:

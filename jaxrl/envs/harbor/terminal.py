@@ -37,7 +37,8 @@ import time
 from typing import Optional
 
 from jaxrl.envs.harbor.errors import SandboxError
-from jaxrl.envs.harbor.sandbox import PROMPT_MARK, Sandbox
+from jaxrl.envs.harbor.profile_dir import PROMPT_MARK
+from jaxrl.envs.harbor.sandbox import Sandbox
 
 MAX_OUTPUT_BYTES = 10_000  # Terminus-2's cap on one observation
 TRANSCRIPT_BYTES = 1 << 20  # the terminal history kept (raw bytes)
@@ -196,7 +197,7 @@ class Terminal:
     def _rcfile(self) -> str:
         if self.sandbox.config.backend == "bwrap":
             return "/opt/jaxrl/bashrc"
-        from jaxrl.envs.harbor.sandbox import _profile_dir
+        from jaxrl.envs.harbor.profile_dir import _profile_dir
 
         return os.path.join(_profile_dir(self.sandbox.python, self.sandbox.config.sandbox_uid), "bashrc")
 

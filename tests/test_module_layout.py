@@ -1,4 +1,4 @@
-"""The layout of jaxrl/models/ and jaxrl/rl/: no module over 600 lines, each with a module docstring,
+"""The layout of jaxrl/: no module over 600 lines (one named exception), each with a module docstring,
 and the names that moved out of qwen3.py, hf_io.py and losses.py still importable from there (the
 same objects), so callers and notebooks written against the old modules keep working."""
 import ast
@@ -8,7 +8,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MAX_LINES = 600
-PACKAGES = ("jaxrl/models", "jaxrl/rl")
+# Every module of the package. The one exception is config.py, which the typed config schema replaces (its
+# checks, docs dict and CLI helpers are one redesign step still to come: docs/architecture.md).
+OVER_THE_LIMIT = {"jaxrl/config.py"}
 
 # old module -> {new home: names re-exported by the old module}
 MOVED = {
@@ -42,14 +44,20 @@ MOVED = {
 
 
 def _modules():
-    return sorted(p for d in PACKAGES for p in (ROOT / d).glob("*.py"))
+    return sorted((ROOT / "jaxrl").rglob("*.py"))
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_module_is_at_most_600_lines_and_has_a_docstring(path):
-    text = path.read_text()
-    assert text.count("\n") <= MAX_LINES, f"{path.relative_to(ROOT)}: split it by responsibility"
-    assert ast.get_docstring(ast.parse(text)), f"{path.relative_to(ROOT)} has no module docstring"
+def test_module_is_at_most_600_lines(path):
+    rel = str(path.relative_to(ROOT))
+    if rel not in OVER_THE_LIMIT:
+        assert path.read_text().count("\n") <= MAX_LINES, f"{rel}: split it by responsibility"
+
+
+@pytest.mark.parametrize("path", sorted(p for d in ("jaxrl/models", "jaxrl/rl", "jaxrl/envs/harbor")
+                                        for p in (ROOT / d).glob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_split_packages_have_module_docstrings(path):
+    assert ast.get_docstring(ast.parse(path.read_text())), f"{path.relative_to(ROOT)} has no module docstring"
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))

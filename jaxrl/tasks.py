@@ -81,7 +81,8 @@ def cmd_check(args) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     n = args.concurrency or default_concurrency()
-    print(f"checking {len(tasks)} tasks from {args.path} ({n} trials at a time; {_backend_line(tasks)})...",
+    print(f"checking {len(tasks)} task{'s' if len(tasks) != 1 else ''} from {args.path} ({n} trials at a time; "
+          f"{_backend_line(tasks)})...",
           file=sys.stderr)
     t0 = time.monotonic()
     checks = check_tasks(tasks, config=config, concurrency=n, trials_dir=args.trials_dir)

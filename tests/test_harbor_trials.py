@@ -349,6 +349,26 @@ def test_image_backend_flags_are_checked_first_in_one_line(args, start):
     assert out.returncode == 2 and out.stderr.startswith(start) and len(out.stderr.splitlines()) == 1, out.stderr
 
 
+def test_an_invalid_task_is_reported_once(tmp_path, capsys):
+    """The fresh-user review: `list` printed an invalid task twice (its INVALID row and a log WARNING), and
+    `check --skip-invalid` said it twice too; `checking 1 tasks` read wrong."""
+    import logging
+
+    from jaxrl import tasks as tasks_cli
+
+    s = tmp_path / "set"
+    shutil.copytree(SHIPPED_TASKS_DIR / "write-file-000", s / "write-file-000")
+    bad = write_task_dir(s, "bad")
+    (bad / "task.toml").write_text("[environment]\ngpus = 2\n")
+    logging.getLogger().handlers.clear()
+    assert tasks_cli.main(["list", str(s)]) == 1
+    cap = capsys.readouterr()
+    assert (cap.out + cap.err).count("gpus = 2") == 1, cap.out + cap.err
+    tasks_cli.main(["check", str(s), "--skip-invalid", "--task", "write-file-000"])
+    cap = capsys.readouterr()
+    assert (cap.out + cap.err).count("gpus = 2") == 1 and "checking 1 task from" in cap.err, cap.err
+
+
 def test_cli(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     run = lambda *a: subprocess.run([sys.executable, "-m", "jaxrl.tasks", *a], capture_output=True, text=True,

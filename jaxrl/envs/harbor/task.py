@@ -474,7 +474,7 @@ def load_task_set(path: str | os.PathLike, *, extract_dir: str | os.PathLike | N
     Args:
       path: the directory or Parquet file.
       extract_dir: where Parquet tasks are unpacked (default: a `<file>.tasks/` folder next to it).
-      skip_invalid: drop invalid tasks instead of raising; each is logged and, if `errors` is given,
+      skip_invalid: drop invalid tasks instead of raising; each is logged, or, if `errors` is given,
         appended to it as `(source, message)`.
       errors: see `skip_invalid`.
       environment_backend: "profile" | "image" | "auto", as `load_task`.
@@ -515,9 +515,10 @@ def load_task_set(path: str | os.PathLike, *, extract_dir: str | os.PathLike | N
         except HarborTaskError as e:
             if not skip_invalid:
                 raise
-            logging.getLogger(__name__).warning("skipping invalid task: %s", e)
-            if errors is not None:
+            if errors is not None:  # the caller reports them (said once, not also as a log warning)
                 errors.append((src, str(e)))
+            else:
+                logging.getLogger(__name__).warning("skipping invalid task: %s", e)
     names: dict[str, str] = {}
     for t in tasks:
         if t.name in names:

@@ -13,7 +13,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["jaxrl", "jaxrl.*"]),
     include_package_data=True,
-    package_data={"jaxrl": ["assets/**/*", "assets/*/*", "models/*.cc"]},
+    package_data={"jaxrl": ["assets/**/*", "assets/*/*"]},
     install_requires=[
         "jax>=0.10,<0.12",
         "jaxlib>=0.10,<0.12",

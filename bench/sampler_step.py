@@ -70,12 +70,12 @@ def read_bandwidth(nbytes: int, repeats: int) -> float:
 def step_weight_bytes(ep, cfg) -> int:
     """Bytes of the engine weights `ep` a decode step reads: all, less the embedding table when the
     head is another array (a step gathers one row of the table per batch row; a tied model's
-    table is the head, except in the "panels" layout, which holds the head as ``head_p``)."""
+    table is the head)."""
     import jax
 
     total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(ep))
     table = ep["embed_tokens"]
-    head_is_table = cfg.tie_word_embeddings and "head_p" not in ep
+    head_is_table = cfg.tie_word_embeddings
     return total - (0 if head_is_table else table.size * table.dtype.itemsize)
 
 
@@ -99,7 +99,7 @@ def main(argv=None):
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--steps", type=int, default=32, help="decode steps per timed loop")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--layout", default=None, choices=["in_out", "out_in", "panels"],
+    p.add_argument("--layout", default=None, choices=["in_out", "out_in"],
                    help="the engine's weight layout (default: qwen3_engine.engine_layout's choice)")
     p.add_argument("--bandwidth", type=float, default=None, help="nominal bytes/s for a second floor (H200: 4.3e12)")
     p.add_argument("--copy-mb", type=int, default=None,  # the read and copy tests' array

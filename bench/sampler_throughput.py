@@ -162,7 +162,7 @@ def main(argv=None):
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--layout", default=None, choices=["in_out", "out_in", "panels"],
+    p.add_argument("--layout", default=None, choices=["in_out", "out_in"],
                    help="the engine's weight layout (default: qwen3_engine.engine_layout's choice)")
     p.add_argument("--sample", action="store_true", help="temperature-1 sampling instead of greedy, both sides")
     p.add_argument("--skip-generation", action="store_true", help="only the weight-sync benchmark")

@@ -25,7 +25,7 @@ MOVED = {
                                     "lm_head_weight"),
         "jaxrl.models.logprob_head": ("logprobs_from_hidden", "chunk_positions", "unchunk_positions"),
         "jaxrl.models.qwen3_kv_cache": ("CacheOutput", "init_cache", "forward_with_cache"),
-        "jaxrl.models.qwen3_engine": ("ENGINE_LAYOUTS", "SKINNY_MAX_ROWS", "KV_LAYOUT", "panels_fit", "engine_layout",
+        "jaxrl.models.qwen3_engine": ("ENGINE_LAYOUTS", "SKINNY_MAX_ROWS", "KV_LAYOUT", "engine_layout",
                                       "engine_params", "prefill", "init_decode_cache", "row_cache", "decode_step"),
     },
     "jaxrl.rl.losses": {

@@ -204,7 +204,7 @@ def test_yarn_rollout_engine_greedy_tokens_and_logprobs_match_transformers(yarn_
     default weight layout for this machine): a 150-token prompt decoded greedily for 48 tokens, at
     positions 150-197 of the YaRN model (trained context 64). Each token is transformers' argmax
     given the prompt and the tokens before it, and each logprob transformers' log-softmax there
-    (measured on CPU, "panels" layout: 2.3e-6, smallest argmax margin 0.009; the same engine with
+    (measured on CPU, "in_out" layout: 2.3e-6, smallest argmax margin 0.009; the same engine with
     default RoPE picks other tokens, its logprobs 1.9 off)."""
     from jaxrl.rollout.sampler import Sampler
     from jaxrl.rollout.types import SamplingParams

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jaxrl.models import cpu_kernel, qwen3, qwen3_engine
+from jaxrl.models import qwen3, qwen3_engine
 from jaxrl.rollout.sampler import Sampler, select_tokens
 from jaxrl.rollout.types import SamplingParams
 
@@ -387,12 +387,10 @@ def test_prefill_and_decode_steps_equal_the_full_forward(model, full_logits, lay
     """The engine's model path alone: prefill of right- and left-padded prompts, then decode steps
     in both cache layouts (shared: R = 2 rows per prompt feeding different tokens; row: one row
     per prompt), against the plain forward of each row's sequence; in every weight layout (the
-    CPU's "out_in" multiplies the decode steps' 2 and 4 rows as a multiply-reduce, "panels" runs
-    every matmul of up to 64 rows, these 16-row prefills included, in the CPU kernel)."""
+    CPU's "out_in" multiplies the decode steps' 2 and 4 rows as a multiply-reduce)."""
     cfg, params = model
     ep = qwen3_engine.engine_params(params, cfg, layout=layout)
     assert ("qkv_proj_t" in ep["layers"][0]) == (layout == "out_in")
-    assert ("qkv_proj_p" in ep["layers"][0]) == (layout == "panels")
     prompts, P, steps = [[3, 1, 4, 1, 5], [9, 2, 6]], 8, 3
     fed = [[7, 8, 9], [10, 11, 12], [13, 14, 15], [16, 17, 18]]
     prefill = jax.jit(lambda ep, t, m: qwen3_engine.prefill(ep, cfg, t, m))
@@ -424,7 +422,7 @@ def test_prefill_and_decode_steps_equal_the_full_forward(model, full_logits, lay
 @pytest.mark.parametrize("rows", [1, 2, 16, 17])
 def test_projection_in_every_layout_against_float64(rows, dtype):
     """`qwen3_engine._project` (GEMV at 1 row, multiply-reduce at 2-16 rows in the "out_in" layout, dot
-    above; the CPU kernel at every row count in "panels", float32 only) against a float64 numpy
+    above) against a float64 numpy
     matmul of the same (rounded) inputs: float32 to 1e-6 of the bound on the round-off;
     bfloat16 within the rounding of the output (float32 accumulation)."""
     rng = np.random.default_rng(rows)
@@ -434,8 +432,6 @@ def test_projection_in_every_layout_against_float64(rows, dtype):
     scale = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w, np.float64))  # bounds the round-off
     tol = 1e-6 if dtype == "float32" else 2 ** -8
     layouts = [({"w": w}, "w"), ({"w_t": w.T}, "w")]
-    if dtype == "float32":
-        layouts.append(({"w_p": cpu_kernel.to_panels(w)}, "w"))
     for p, name in layouts:
         got = jax.jit(lambda x, p: qwen3_engine._project(x, p, name))(x, p)
         assert got.dtype == jnp.dtype(dtype) and got.shape == (rows, 48)
@@ -443,25 +439,17 @@ def test_projection_in_every_layout_against_float64(rows, dtype):
         got32 = jax.jit(lambda x, p: qwen3_engine._project(x, p, name, jnp.float32))(x, p)
         assert got32.dtype == jnp.float32
         assert np.all(np.abs(np.asarray(got32, np.float64) - want) <= 1e-6 * scale), (p.keys(), rows, dtype)
-    # The prefill's [G, P, in] rows through the kernel.
-    x3 = jnp.asarray(rng.standard_normal((2, rows, 96)), jnp.float32)
-    got3 = jax.jit(lambda x, w: qwen3_engine._project(x, {"w_p": w}, "w"))(
-        x3, cpu_kernel.to_panels(w.astype(jnp.float32)))
-    want3 = np.asarray(x3, np.float64) @ np.asarray(w.astype(jnp.float32), np.float64)
-    scale3 = np.abs(np.asarray(x3, np.float64)) @ np.abs(np.asarray(w.astype(jnp.float32), np.float64))
-    assert got3.shape == (2, rows, 48) and np.all(np.abs(np.asarray(got3, np.float64) - want3) <= 1e-6 * scale3)
 
 
 def test_engine_layouts_give_the_same_tokens_and_logprobs(model):
-    """A Sampler of at most 16 rows on CPU runs the "panels" layout (the CPU kernel); the "out_in"
-    (CPU, XLA kernels) and "in_out" (GPU, TPU) ones run here on the same requests give the same
-    tokens, and logprobs within float32 round-off."""
+    """A Sampler of 2 to 16 rows on CPU runs the "out_in" layout; the "in_out" one (GPU, TPU) run
+    here on the same requests gives the same tokens, and logprobs within float32 round-off."""
     cfg, params = model
     kw = dict(max_seq_len=48, batch_buckets=(8,), prompt_buckets=(32,), new_token_buckets=(16,))
     a = Sampler(params, cfg, **kw)
-    assert a.layout == "panels" and "qkv_proj_p" in a.params["layers"][0]
-    others = [Sampler(params, cfg, **kw, layout=lay) for lay in ("out_in", "in_out")]
-    assert "qkv_proj_t" in others[0].params["layers"][0] and "qkv_proj" in others[1].params["layers"][0]
+    assert a.layout == "out_in" and "qkv_proj_t" in a.params["layers"][0]
+    others = [Sampler(params, cfg, **kw, layout="in_out")]
+    assert "qkv_proj" in others[0].params["layers"][0]
     for sp in (SamplingParams(max_tokens=16, greedy=True, n=2, seed=0),
                SamplingParams(max_tokens=16, temperature=1.0, n=2, seed=3)):
         want = a.generate(PROMPTS, sp)

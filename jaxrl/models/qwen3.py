@@ -73,7 +73,6 @@ from jaxrl.models.qwen3_engine import (  # noqa: F401
     engine_layout,
     engine_params,
     init_decode_cache,
-    panels_fit,
     prefill,
     row_cache,
 )

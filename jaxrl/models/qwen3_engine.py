@@ -1,64 +1,42 @@
 """The rollout engine's Qwen3 path: per-layer weights in a layout chosen for the platform
-(:func:`engine_layout`, :func:`engine_params`; "in_out", "out_in" or the CPU kernel's "panels"),
+(:func:`engine_layout`, :func:`engine_params`; "in_out" or "out_in"),
 the prompt prefill (:func:`prefill`) and the decode step (:func:`decode_step`) over a prompt KV
 cache shared by the samples of a prompt (:data:`KV_LAYOUT`). Used by
 :mod:`jaxrl.rollout.sampler`; re-exported by :mod:`jaxrl.models.qwen3`.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import jax
 import jax.numpy as jnp
 
 from jaxrl.models import attention as attention_lib
-from jaxrl.models import cpu_kernel
 from jaxrl.models.qwen3_config import Qwen3Config
 from jaxrl.models.qwen3_core import attention, rms_norm, rope_cos_sin
 
 
-ENGINE_LAYOUTS = ("in_out", "out_in", "panels")
+ENGINE_LAYOUTS = ("in_out", "out_in")
 
-# Rows up to which a CPU engine runs the "panels" layout (the CPU kernel) or, without it, the
-# "out_in" one (a decode-step projection as a fused multiply-reduce, `_project`); measured on a
-# 2-core x86 CPU, bench/sampler_step.py and bench/sampler_throughput.py.
+# Rows up to which a CPU engine runs the "out_in" layout (a decode-step projection as a fused
+# multiply-reduce, `_project`); measured on a 2-core x86 CPU, bench/sampler_step.py and
+# bench/sampler_throughput.py.
 SKINNY_MAX_ROWS = 16
 
 
-def panels_fit(cfg: Qwen3Config) -> bool:
-    """Whether `cfg` can run the "panels" layout: float32 compute and every projection's output
-    width a multiple of 16 (:mod:`jaxrl.models.cpu_kernel`; every Qwen3 size is)."""
-    outs = ((cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim, cfg.hidden_size,
-            2 * cfg.intermediate_size, cfg.vocab_size)
-    return jnp.dtype(cfg.compute_dtype) == jnp.float32 and all(n % cpu_kernel.PANEL == 0 for n in outs)
-
-
-def engine_layout(platform: str, max_rows: int, cfg: Optional[Qwen3Config] = None) -> str:
+def engine_layout(platform: str, max_rows: int) -> str:
     """The weight layout of :func:`engine_params` for an engine on `platform` ("cpu", "gpu", "tpu")
     whose programs run at most `max_rows` rows.
 
-    On CPU with at most `SKINNY_MAX_ROWS` rows: "panels" (every matmul in
-    :mod:`jaxrl.models.cpu_kernel`'s kernel) for a float32 `cfg` that fits it (:func:`panels_fit`)
-    when the kernel is available; otherwise "out_in" for 2 or more rows (decode-step projections
-    as an XLA multiply-reduce, :func:`_project`). Else "in_out" (one XLA GEMM per projection).
+    On CPU with 2 to `SKINNY_MAX_ROWS` rows: "out_in" (decode-step projections as an XLA
+    multiply-reduce, :func:`_project`). Else "in_out" (one XLA GEMM per projection).
 
     Measured on a 2-core x86 CPU (bench/sampler_step.py, docs/rollout_engine.md): "out_in" makes
     the 8-row decode step 1.3-1.4x faster than "in_out", the 1-row step about 1.4x slower, and
-    shows no gain at 64 rows; "panels" reads the weights at about twice the speed of either at
-    1-16 rows.
-
-    Raises:
-      cpu_kernel.KernelBuildError / ValueError: a CPU engine with a bad ``JAXRL_CPU_KERNEL``, or
-        one that requires the kernel where it cannot be built
-        (:func:`jaxrl.models.cpu_kernel.available`).
+    shows no gain at 64 rows.
     """
     if platform != "cpu":
         return "in_out"
-    cpu_kernel.mode()  # a bad JAXRL_CPU_KERNEL is refused by every CPU engine, not only small ones
     if not 1 <= max_rows <= SKINNY_MAX_ROWS:
         return "in_out"
-    if cfg is not None and panels_fit(cfg) and cpu_kernel.available():
-        return "panels"
     return "out_in" if max_rows >= 2 else "in_out"
 
 
@@ -81,11 +59,6 @@ def engine_params(params: dict, cfg: Qwen3Config, layout: str = "in_out") -> dic
     E]``, ..., ``lm_head_t`` ``[V, E]``), so that a decode step can read each weight row once for
     all rows of the batch (:func:`_project`).
 
-    The "panels" layout (CPU, float32, :mod:`jaxrl.models.cpu_kernel`) stores each projection as
-    column panels ``[out / 16, in, 16]`` under the key with ``_p`` appended (``qkv_proj_p``, ...,
-    ``lm_head_p``); a tied head adds ``head_p`` ``[V / 16, E, 16]``, a panel copy of the embedding
-    table (E V more floats held).
-
     Why: a decode step is bound by reading the weights once. Weights sliced out of a stacked
     ``[L, ...]`` array inside the step (``lax.scan``) can be copied before each matmul, and one
     matmul per fused projection is one kernel instead of three (q, k, v) or two (gate, up).
@@ -93,22 +66,16 @@ def engine_params(params: dict, cfg: Qwen3Config, layout: str = "in_out") -> dic
     inputs and contraction; the accumulation order may differ in the last bit).
 
     Raises:
-      ValueError: an unknown `layout`, or "panels" for a `cfg` that does not fit it
-        (:func:`panels_fit`).
+      ValueError: an unknown `layout`.
     """
     if layout not in ENGINE_LAYOUTS:
         raise ValueError(f"layout: {layout!r} is not one of {ENGINE_LAYOUTS}")
-    if layout == "panels" and not panels_fit(cfg):
-        raise ValueError("layout 'panels' needs float32 compute and projection widths that are multiples of 16; "
-                         "use 'out_in' or 'in_out' for this model")
     dt = cfg.compute_dtype
     Nq, Nkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     E = cfg.hidden_size
     lp = params["layers"]
 
     def proj(name, w):  # w: [in, out]
-        if layout == "panels":
-            return name + "_p", cpu_kernel.to_panels(w)
         return (name, w) if layout == "in_out" else (name + "_t", w.T)
 
     layers = []
@@ -129,8 +96,6 @@ def engine_params(params: dict, cfg: Qwen3Config, layout: str = "in_out") -> dic
            "norm": jnp.asarray(params["norm"]["scale"]).astype(dt), "layers": tuple(layers)}
     if not cfg.tie_word_embeddings:
         out.update([proj("lm_head", jnp.asarray(params["lm_head"]).astype(dt))])
-    elif layout == "panels":
-        out["head_p"] = cpu_kernel.to_panels(out["embed_tokens"].T)
     return out
 
 
@@ -139,10 +104,6 @@ def _project(x, p: dict, name: str, out_dtype=None):
     :func:`engine_params`), returned in `out_dtype` (default: x's dtype; the "in_out" layout
     computes exactly the dot it always did, the "out_in" one accumulates in float32).
 
-    In the "panels" layout (float32) up to ``cpu_kernel.KERNEL_MAX_ROWS`` rows (a decode step, a
-    short prefill) run :func:`jaxrl.models.cpu_kernel.panel_matmul`, more rows one XLA dot on the
-    panels.
-
     In the "out_in" layout, a decode step's ``x [B, in]`` with 2 <= B <= `SKINNY_MAX_ROWS` is
     multiplied as one fused multiply-reduce, ``y[b, n] = sum_k w[n, k] x[b, k]`` over an
     ``[out, B, in]`` product that is never stored: each weight row is read once and used for all
@@ -150,14 +111,6 @@ def _project(x, p: dict, name: str, out_dtype=None):
     steps, XLA's GEMM reads them at a third to a half of that speed at these row counts
     (bench/sampler_step.py). Other shapes use a dot (a GEMM for the prefill, a GEMV for B = 1).
     """
-    if name + "_p" in p:  # "panels": float32 in and out
-        w = p[name + "_p"]
-        x2 = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
-        if x2.shape[0] <= cpu_kernel.KERNEL_MAX_ROWS:
-            y = cpu_kernel.panel_matmul(x2, w, w.shape[0] * cpu_kernel.PANEL)
-        else:  # a long prefill: XLA's dot on the panels is faster there
-            y = jnp.einsum("mk,pkc->mpc", x2, w).reshape(x2.shape[0], -1)
-        return y.reshape(x.shape[:-1] + (y.shape[-1],)).astype(out_dtype or x.dtype)
     if name in p:  # "in_out"
         if out_dtype is None:
             return x @ p[name]
@@ -175,8 +128,6 @@ def _engine_head_logits(ep: dict, cfg: Qwen3Config, h):
     table, already ``[V, E]``)."""
     if not cfg.tie_word_embeddings:
         return _project(h, ep, "lm_head", jnp.float32)
-    if "head_p" in ep:  # "panels"
-        return _project(h, ep, "head", jnp.float32)
     if "qkv_proj" in ep["layers"][0]:  # "in_out"
         return jnp.einsum("...e,ve->...v", h, ep["embed_tokens"], preferred_element_type=jnp.float32)
     return _project(h, {"head_t": ep["embed_tokens"]}, "head", jnp.float32)

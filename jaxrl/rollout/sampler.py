@@ -259,9 +259,9 @@ class Sampler:
       share_prefix: prefill each prompt once for its ``n`` samples (groups of R rows, R a power
         of two dividing a batch bucket; larger ``n`` is split into several groups). False
         prefills every sample on its own (R = 1); both give the same tokens for the same seeds.
-      layout: the weight layout of :func:`jaxrl.models.qwen3_engine.engine_params` ("in_out",
-        "out_in" or "panels"); default :func:`jaxrl.models.qwen3_engine.engine_layout` of the
-        device's platform, the largest batch bucket and the model. All give the same tokens (float32 round-off apart).
+      layout: the weight layout of :func:`jaxrl.models.qwen3_engine.engine_params` ("in_out"
+        or "out_in"); default :func:`jaxrl.models.qwen3_engine.engine_layout` of the
+        device's platform and the largest batch bucket. All give the same tokens (float32 round-off apart).
     """
 
     def __init__(self, params: Any, cfg: Qwen3Config, *, max_seq_len: int = 4096, max_batch_rows: int = 64,
@@ -282,7 +282,7 @@ class Sampler:
         self.group_buckets = tuple(r for r in pow2_buckets(1, top) if r & (r - 1) == 0
                                    and any(b % r == 0 for b in self.batch_buckets)) if self.share_prefix else (1,)
         self._lock = threading.Lock()
-        self.layout = layout or qwen3_engine.engine_layout(jax.devices()[0].platform, self.batch_buckets[-1], cfg)
+        self.layout = layout or qwen3_engine.engine_layout(jax.devices()[0].platform, self.batch_buckets[-1])
         self._convert = jax.jit(functools.partial(qwen3_engine.engine_params, cfg=cfg, layout=self.layout))
         dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         dt = cfg.compute_dtype

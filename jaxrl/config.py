@@ -1180,12 +1180,16 @@ def base_image_pairs(entries) -> tuple:
     """
     if isinstance(entries, str):
         entries = (entries,)
-    out = []
+    out, seen = [], {}
     for e in entries or ():
         name, eq, local = str(e).partition("=") if isinstance(e, str) else ("", "", "")
         if not (eq and name.strip() and local.strip()) or "=" in local:
             raise ValueError(f"entry {e!r} is not 'FROM name=local image'")
-        out.append((name.strip(), local.strip()))
+        name, local = name.strip(), local.strip()
+        if name in seen and seen[name] != local:
+            raise ValueError(f"{name} is mapped twice ({seen[name]} and {local}); keep one entry per base image")
+        seen[name] = local
+        out.append((name, local))
     return tuple(out)
 
 

@@ -156,7 +156,12 @@ def main(argv=None) -> int:
     if args_in[:1] == ["funnel"]:  # its own options (jaxrl/envs/harbor/funnel.py)
         from jaxrl.envs.harbor import funnel
 
-        return funnel.main(args_in[1:])
+        try:
+            return funnel.main(args_in[1:])
+        except KeyboardInterrupt:
+            print("interrupted: `python -m jaxrl.tasks funnel` stopped before it finished; nothing was reported",
+                  file=sys.stderr)
+            return 130
     p = argparse.ArgumentParser(prog="python -m jaxrl.tasks", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -239,6 +244,10 @@ def main(argv=None) -> int:
     except (HarborTaskError, SandboxError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the running trials were stopped and cleaned up on the way out
+        print(f"interrupted: `python -m jaxrl.tasks {args.cmd}` stopped before it finished; nothing was reported",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -85,7 +85,14 @@ def main() -> int:
     p.add_argument("--report", help="a `jaxrl.tasks funnel --gate --json` file to summarise over the selection")
     p.add_argument("--why", action="store_true", help="also print why each left-out task is left out")
     a = p.parse_args()
+    for d in a.dirs:
+        if not Path(d).is_dir():
+            print(f"error: {d} is not a folder. Fix: pass the folders of the task collections", file=sys.stderr)
+            return 2
     tasks = find_tasks(a.dirs)
+    if not tasks:
+        print(f"error: no task (a directory with a task.toml) under {', '.join(a.dirs)}", file=sys.stderr)
+        return 2
     selected = [t for t in tasks if not reasons(t)]
     if a.why:
         for t in tasks:
@@ -95,10 +102,20 @@ def main() -> int:
         print("\n".join(str(t) for t in selected))
         print(f"{len(selected)} of {len(tasks)} tasks selected", file=sys.stderr)
         return 0
-    rep = json.loads(Path(a.report).read_text())
-    loaded = {Path(t["path"]).resolve() for t in rep["tasks"] if t["loaded"]}
-    stage = {Path(r["task"]).resolve(): r for r in rep.get("stages", [])}
+    try:
+        rep = json.loads(Path(a.report).read_text())
+        loaded = {Path(t["path"]).resolve() for t in rep["tasks"] if t["loaded"]}
+        stage = {Path(r["task"]).resolve(): r for r in rep["stages"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"error: --report {a.report}: not a `python -m jaxrl.tasks funnel --gate --json` report ({e}). Fix: "
+              "write one with funnel ... --gate --json FILE", file=sys.stderr)
+        return 2
     sel = [t.resolve() for t in selected]
+    absent = [t for t in sel if t not in stage]
+    if absent:
+        print(f"error: --report {a.report} has no gate result for {len(absent)} of the {len(sel)} selected tasks "
+              f"(e.g. {absent[0]}). Fix: run the funnel with --gate over the same folders", file=sys.stderr)
+        return 2
     n_load = sum(t in loaded for t in sel)
     n_pass = sum(stage.get(t, {}).get("stage") == "passed" for t in sel)
     by_repo: dict = {}

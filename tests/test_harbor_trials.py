@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harbor_helpers import DONE_TEST, PY_DOCKERFILE, make_task, write_task_dir
+from harbor_helpers import DONE_TEST, PY_DOCKERFILE, make_task, processes_with, write_task_dir
 from jaxrl.envs.harbor import (SHIPPED_TASKS_DIR, UNSAFE_HOST_BACKEND, AgentStop, AgentTimeoutError, Outcome,
                                SandboxConfig, SandboxError, Trial, TrialConfig, arun_trials, check_tasks, empty_agent,
                                format_check_table, keys_to_bytes, limit_output, load_task, load_task_set,
@@ -341,12 +341,43 @@ def test_verifier_cause_of_an_offline_pip_install_and_of_a_long_build_error():
     (["--image-cache-dir", "/proc/nope"], "error: --image-cache-dir: /proc/nope cannot be created: /proc is a "),
     (["--build-concurrency", "0"], "error: --build-concurrency 0: must be at least 1. Fix: "),
     (["--image-cache-max-mb", "-5"], "error: --image-cache-max-mb -5: must be a positive number of megabytes. Fix: "),
+    (["--base-image", "ubuntu:24.04=a", "--base-image", "ubuntu:24.04=b"],
+     "error: --base-image: ubuntu:24.04 is mapped twice (a and b)"),
+    (["--pip-mirror", __file__], "error: --pip-mirror"),
+    (["--pip-mirror", "/nonexistent/mirror"], "error: --pip-mirror '/nonexistent/mirror': no such folder. Fix: "),
 ])
 def test_image_backend_flags_are_checked_first_in_one_line(args, start):
     """The fresh-user review: these flags gave an errno line, no flag name, or an error after 'checking ...'."""
     out = subprocess.run([sys.executable, "-m", "jaxrl.tasks", "check", *args], capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
     assert out.returncode == 2 and out.stderr.startswith(start) and len(out.stderr.splitlines()) == 1, out.stderr
+
+
+def test_a_pip_mirror_that_is_a_file_names_its_folder(tmp_path):
+    """Fresh-user review: a wheel file given as --pip-mirror was told to `pip download -d <that file>`."""
+    wheel = tmp_path / "pytest-9.0.3-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    out = subprocess.run([sys.executable, "-m", "jaxrl.tasks", "check", "--pip-mirror", str(wheel)],
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+    assert out.returncode == 2 and "a file, not a folder" in out.stderr and f"(e.g. {tmp_path})" in out.stderr, out.stderr
+
+
+def test_ctrl_c_during_check_is_one_line(tmp_path):
+    """Fresh-user review: Ctrl-C during `check` printed a 30-line traceback."""
+    import signal
+    import time
+
+    s = tmp_path / "set"
+    write_task_dir(s, "slow", solve_sh="#!/bin/bash\nsleep 60\necho done > /app/done.txt\n")
+    p = subprocess.Popen([sys.executable, "-m", "jaxrl.tasks", "check", str(s)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not processes_with("sleep 60"):
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("checking ")]
+    assert p.returncode == 130 and len(lines) == 1 and lines[0].startswith("interrupted:"), err
 
 
 def test_an_invalid_task_is_reported_once(tmp_path, capsys):

@@ -348,6 +348,44 @@ def test_lru_cap_evicts_the_least_recently_used_and_keeps_the_one_in_use(task_ro
     _buildah("rmi", c, check=False)
 
 
+def test_artifacts_that_are_too_deep_or_too_big_do_not_crash_the_run(task_root, images, tmp_path):
+    """Fresh-user review: an artifact directory nested 1,100 levels deep raised RecursionError out of `check`
+    (the whole run died), and a 4 GB sparse file was copied in full twice with no cap. Now each trial's
+    artifacts are copied within its storage and file limits and 128 levels; the verifier judges what came,
+    and the trial records why the rest did not. The agent's /logs/artifacts reaches the verifier's."""
+    d = task_root / "artifact-limits"
+    for sub in ("environment", "tests", "solution"):
+        (d / sub).mkdir(parents=True)
+    (d / "task.toml").write_text('artifacts = ["/app/deep", "/app/big"]\n[verifier]\nenvironment_mode = "separate"\n'
+                                 '[environment]\nstorage_mb = 64\nmemory_mb = 512\nallow_internet = false\n')
+    (d / "instruction.md").write_text("Make artifacts.\n")
+    (d / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nRUN mkdir -p /app\nWORKDIR /app\n")
+    (d / "tests" / "test.sh").write_text("#!/bin/bash\n[ -f /logs/artifacts/note.txt ] && echo 1 > /logs/verifier/reward.txt "
+                                         "|| echo 0 > /logs/verifier/reward.txt\n")
+    (d / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\nmkdir -p /app/deep && cd /app/deep && for i in $(seq 1 300); do mkdir d && cd d; done\n"
+        "echo note > /logs/artifacts/note.txt\n")
+    task = load_task(d, environment_backend="image")
+    r = run_trial(task, config=TrialConfig(keep="logs", images=images), trial_dir=tmp_path / "deep",
+                  agent=lambda trial: trial.run_oracle())
+    assert r.outcome == Outcome.OK, r.error
+    assert "nests directories deeper than 128" in r.info["artifacts"]["refused"], r.info
+    assert r.reward == 0.0  # the deep artifact stopped the copy before the convention directory
+
+    (d / "solution" / "solve.sh").write_text("#!/bin/bash\nmkdir -p /app/big && truncate -s 40M /app/big/a && truncate -s 40M /app/big/b\n"
+                                             "echo note > /logs/artifacts/note.txt\n")
+    big = run_trial(load_task(d, environment_backend="image"), config=TrialConfig(keep="logs", images=images),
+                    trial_dir=tmp_path / "big", agent=lambda trial: trial.run_oracle())
+    assert big.outcome == Outcome.OK and "storage limit (64 MB" in big.info["artifacts"]["refused"], big.info
+    assert sum(f.stat().st_size for f in (tmp_path / "big").rglob("*") if f.is_file()) < 70 * 10 ** 6
+
+    (d / "solution" / "solve.sh").write_text("#!/bin/bash\nmkdir -p /app/deep/a/b && echo x > /app/deep/a/b/x\n"
+                                             "echo note > /logs/artifacts/note.txt\n")
+    ok = run_trial(load_task(d, environment_backend="image"), config=TrialConfig(keep="logs", images=images),
+                   trial_dir=tmp_path / "ok", agent=lambda trial: trial.run_oracle())
+    assert ok.reward == 1.0 and "refused" not in ok.info["artifacts"], (ok.error, ok.info)
+
+
 def test_a_killed_trial_process_leaves_no_container_behind(stand_in):
     """Regression: a trial process killed by a signal (SIGKILL, or SIGTERM with no handler) left its
     buildah container and writable layer behind for good. Containers carry their creator's pid; the

@@ -109,6 +109,8 @@ def test_a_workdir_outside_app_loads_only_on_the_image_backend(tmp_path):
     with pytest.raises(HarborTaskError, match="must be /app or below it on the profile path"):
         load_task(d)
     assert load_task(d, environment_backend="image").config.workdir == "/srv/work"
+    # fresh-user review: auto refused it, telling the user to use auto; auto takes the image backend
+    assert load_task(d, environment_backend="auto").environment.profile == "image"
 
 
 def test_a_separate_verifier_parses_with_its_artifacts():

@@ -157,14 +157,18 @@ class BuildahBuilder(Builder):
         text = Path(log_path).read_text(errors="replace")
         steps = re.findall(r"^STEP \d+/\d+: .*$", text, flags=re.M)
         step = steps[-1][:160] if steps else "before the first step"
-        errs = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("STEP ", "$ "))]
+        # the step's own error, not buildah's summary lines that repeat the step
+        errs = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("STEP ", "$ ", "Error: building at"))
+                and not re.match(r"subprocess exited with status", ln)]
         last = next((ln for ln in reversed(errs) if re.search(r"error|fail|not found|unable", ln, re.I)),
                     errs[-1] if errs else "")
         if code is None:
             raise ImageBuildError(f"the build ran longer than build_timeout_sec={timeout:g} s at {step}; raise "
                                   f"[environment] build_timeout_sec or shorten that step (log: {log_path})")
-        raise ImageBuildError(f"the build failed at {step}: {last.strip()[:300]}; fix that Dockerfile step, or map "
-                              f"a missing base image in harbor.base_images (log: {log_path})")
+        base = re.search(r"STEP \d+/\d+: (FROM|COPY --from)", step)
+        raise ImageBuildError(f"the build failed at {step}: {last.strip()[:300]}; "
+                              + ("map the base image to a local one in harbor.base_images" if base else
+                                 "fix that Dockerfile step") + f" (log: {log_path})")
 
     def image_size(self, ref: str) -> int:
         r = self._run("images", "--json", ref, check=False)

@@ -196,8 +196,9 @@ def format_summary(name: str, s: dict) -> str:
     """The funnel as a plain-text table."""
     n, ok = s["tasks"], s["loaded"]
     w = max([len("cause")] + [len(c) for c in s["causes"]])
-    lines = [f"{name}: {n} tasks, {ok} load ({100 * ok / max(n, 1):.1f}%), {n - ok} refused",
-             f"  {'cause':<{w}} {'tasks':>6} {'first':>6} {'alone':>6}"]
+    lines = [f"{name}: {n} tasks, {ok} load ({100 * ok / max(n, 1):.1f}%), {n - ok} refused"]
+    if s["causes"]:
+        lines.append(f"  {'cause':<{w}} {'tasks':>6} {'first':>6} {'alone':>6}")
     for c, v in s["causes"].items():
         lines.append(f"  {c:<{w}} {v['tasks']:>6} {v['first']:>6} {v['alone']:>6}")
     return "\n".join(lines)

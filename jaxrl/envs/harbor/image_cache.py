@@ -236,14 +236,14 @@ class ImageCache:
             local = bases.get(name) or bases.get(qualified(name))
             if local and not self.builder.image_id(local):
                 raise ImageBuildError(f"task {task.name}: harbor.base_images maps {name} to {local!r}, which is not a "
-                                      "local image; build it first (docs/terminal_tasks.md, 'A local base image')")
+                                      "local image; build it first (docs/terminal_tasks.md, 'Local base images')")
         new, unmapped = rewrite_bases(text, bases)
         for name in unmapped:
             if not self.config.pull and not (self.builder.image_id(name) or self.builder.image_id(qualified(name))):
                 raise ImageBuildError(f"task {task.name}: image {name} (FROM or COPY --from): no local image of that "
                                       f"name and images are not pulled; map it in harbor.base_images (--base-image), "
                                       f"e.g. '{name}=localhost/debian-stand-in:bookworm' (docs/terminal_tasks.md, "
-                                      "'A local base image')")
+                                      "'Local base images')")
         return new
 
     def acquire(self, tag: str) -> None:

@@ -27,9 +27,16 @@ def image_options_problem(args) -> str | None:
         if "=" in local or not name:
             return (f"--base-image {entry!r}: not NAME=LOCAL. Fix: e.g. --base-image "
                     "ubuntu:24.04=localhost/debian-stand-in:bookworm (an image name has no '=')")
+    try:
+        base_image_pairs(args.base_image or ())
+    except ValueError as e:
+        return f"--base-image: {e}. Fix: pass one --base-image NAME=LOCAL per base image"
     mirror = getattr(args, "pip_mirror", None)
+    if mirror is not None and os.path.exists(mirror) and not os.path.isdir(mirror):
+        return (f"--pip-mirror {mirror!r}: a file, not a folder. Fix: pass the folder that holds the wheels "
+                f"(e.g. {os.path.dirname(os.path.abspath(mirror))})")
     if mirror is not None and not os.path.isdir(mirror):
-        return (f"--pip-mirror {mirror!r}: not a directory. Fix: make it with `pip download -d {mirror} "
+        return (f"--pip-mirror {mirror!r}: no such folder. Fix: make it with `pip download -d {mirror} "
                 "pytest==VER ...` (docs/terminal_tasks.md, 'Network')")
     if args.image_cache_dir:
         problem = output_dir_problem(args.image_cache_dir)

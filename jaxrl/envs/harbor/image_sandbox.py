@@ -5,6 +5,7 @@ no symlink of the image is followed). Containers still alive at exit are removed
 from __future__ import annotations
 
 import atexit
+import logging
 import dataclasses
 import os
 import shutil
@@ -19,6 +20,8 @@ from jaxrl.envs.harbor.profile_dir import _profile_dir
 from jaxrl.envs.harbor.profiles import EnvironmentSpec
 from jaxrl.envs.harbor.sandbox import Sandbox
 from jaxrl.envs.harbor.sandbox_config import Limits, SandboxConfig
+
+log = logging.getLogger(__name__)
 
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -92,6 +95,11 @@ class ImageSandbox(Sandbox):
         workdir = (self.task.config.workdir if self.context is None else None) or cfg["workdir"] or "/"
         self.environment = dataclasses.replace(self.environment, workdir=workdir)
         self._mkdir_in_rootfs(workdir)
+        # every command runs under /bin/bash (the limit prologue): say so before the first one fails
+        if not any(os.path.lexists(os.path.join(self.rootfs, d, "bash")) for d in ("bin", "usr/bin")):
+            raise SandboxError(f"the image of task {self.task.name} has no /bin/bash, which the sandbox runs every "
+                               "command with: install bash in its Dockerfile, or map its base image to one that "
+                               "has bash (harbor.base_images)")
         if self.limits_backend == "cgroup":
             from jaxrl.envs.harbor.cgroups import detect_cgroups
 
@@ -127,17 +135,23 @@ class ImageSandbox(Sandbox):
         except OSError as e:
             raise SandboxError(f"cannot create the workdir {path} in the image: {e}") from None
 
-    def copy_out(self, path: str, dest: Path) -> list[str]:
+    def copy_out(self, path: str, dest: Path, budget: Optional["_Budget"] = None) -> list[str]:
         """Copies `path` (a file or directory of the container, absolute) to the host path `dest`.
 
         Nothing is followed out of the container: every component is opened with O_NOFOLLOW, symlinks
         and special files inside it are skipped (as Harbor's tar `data` filter skips them), and only
-        regular files and directories are copied, with their permission bits less setuid/setgid.
+        regular files and directories are copied, with their permission bits less setuid/setgid. The
+        copy stays within `budget` (default: this trial's storage and file limits; share one
+        `artifact_budget()` across the artifacts of a trial) and `MAX_ARTIFACT_DEPTH` levels.
 
         Returns:
           None when `path` does not exist, else the container paths that were skipped (symlinks,
           devices, sockets, FIFOs; `[path]` when `path` itself is one of them).
+
+        Raises:
+          SandboxError: the artifact is over the budget or nests too deep (what was copied is kept).
         """
+        budget = budget or self.artifact_budget()
         parts = [p for p in path.split("/") if p and p != "."]
         if not parts:
             raise SandboxError("copy_out: the path must not be /")
@@ -151,10 +165,14 @@ class ImageSandbox(Sandbox):
                 os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
             except FileNotFoundError:
                 return None
-            _copy_nofollow(dfd, parts[-1], Path(dest), path, skipped)
+            _copy_nofollow(dfd, parts[-1], Path(dest), path, skipped, budget)
         finally:
             os.close(dfd)
         return skipped
+
+    def artifact_budget(self) -> "_Budget":
+        """A fresh copy budget of this trial's limits (`copy_out`)."""
+        return _Budget(self.limits)
 
     def place(self, src: Path, path: str) -> None:
         """Copies the host file or directory `src` to the absolute `path` inside the container, creating
@@ -241,48 +259,168 @@ class ImageSandbox(Sandbox):
                 self.image = None
 
 
-def _copy_nofollow(dfd: int, name: str, dest: Path, shown: str, skipped: list) -> None:
-    """Copies the entry `name` of the directory fd `dfd` to `dest` without following symlinks."""
+MAX_ARTIFACT_DEPTH = 128
+"""Directory levels an artifact may nest (deeper ones are refused, not copied)."""
+
+
+class _Budget:
+    """What an artifact copy may write: the trial's storage limit in bytes (apparent sizes: a sparse
+    file is written in full) and its file limit, shared by all artifacts of a trial."""
+
+    def __init__(self, limits: Limits):
+        self.bytes, self.files, self.limits = limits.storage_mb * 10 ** 6, limits.max_files, limits
+
+    def take(self, nbytes: int, shown: str) -> None:
+        self.bytes -= nbytes
+        self.files -= 1
+        if self.bytes < 0 or self.files < 0:
+            raise SandboxError(f"the artifacts are larger than the trial's storage limit ({self.limits.storage_mb} MB, "
+                               f"{self.limits.max_files} files; at {shown}): only that much is copied to the verifier")
+
+
+def _copy_nofollow(dfd: int, name: str, dest: Path, shown: str, skipped: list, budget: _Budget) -> None:
+    """Copies the entry `name` of the directory fd `dfd` to the host path `dest` without following symlinks,
+    depth-first without recursion (at most `MAX_ARTIFACT_DEPTH` levels), within `budget`.
+
+    Raises:
+      SandboxError: the artifact nests deeper than `MAX_ARTIFACT_DEPTH` or exceeds the budget.
+    """
+    out_parent = os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY)
+    # (source dir fd, entry name, destination dir fd, destination name, shown path, depth); ("close", ...) markers
+    stack: list = [("copy", dfd, name, out_parent, dest.name, shown, 0)]
+    owned: list = [out_parent]
     try:
-        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    except FileNotFoundError:
-        skipped.append(shown)
-        return
-    mode = stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID)
-    if stat.S_ISREG(st.st_mode):
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
-        with os.fdopen(fd, "rb") as src, open(dest, "wb") as out:
-            shutil.copyfileobj(src, out, 1 << 20)
-        os.chmod(dest, mode)
-    elif stat.S_ISDIR(st.st_mode):
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
-        try:
-            dest.mkdir(exist_ok=True)
-            for child in sorted(os.listdir(fd)):
-                _copy_nofollow(fd, child, dest / child, f"{shown}/{child}", skipped)
-        finally:
+        while stack:
+            item = stack.pop()
+            if item[0] == "close":
+                _, sfd, ofd, oname, oparent, mode = item
+                os.chmod(oname, mode | 0o700, dir_fd=oparent)
+                os.close(sfd)
+                os.close(ofd)
+                owned.remove(sfd)
+                owned.remove(ofd)
+                continue
+            _, sdir, sname, odir, oname, shown_path, depth = item
+            try:
+                st = os.stat(sname, dir_fd=sdir, follow_symlinks=False)
+            except FileNotFoundError:
+                skipped.append(shown_path)
+                continue
+            mode = stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID)
+            if stat.S_ISREG(st.st_mode):
+                budget.take(st.st_size, shown_path)
+                fd = os.open(sname, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=sdir)
+                ofd = os.open(oname, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=odir)
+                with os.fdopen(fd, "rb") as src, os.fdopen(ofd, "wb") as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
+                os.chmod(oname, mode, dir_fd=odir)
+            elif stat.S_ISDIR(st.st_mode):
+                if depth >= MAX_ARTIFACT_DEPTH:
+                    raise SandboxError(f"the artifact {shown_path[:60]}... nests directories deeper than "
+                                       f"{MAX_ARTIFACT_DEPTH} levels; it is not copied to the verifier")
+                budget.take(0, shown_path)
+                sfd = os.open(sname, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=sdir)
+                owned.append(sfd)
+                os.mkdir(oname, 0o700, dir_fd=odir)
+                ofd = os.open(oname, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=odir)
+                owned.append(ofd)
+                stack.append(("close", sfd, ofd, oname, odir, mode))
+                for child in sorted(os.listdir(sfd), reverse=True):
+                    stack.append(("copy", sfd, child, ofd, child, f"{shown_path}/{child}", depth + 1))
+            else:
+                skipped.append(shown_path)
+    finally:
+        for fd in owned:
             os.close(fd)
-        os.chmod(dest, mode | 0o700)
-    else:
-        skipped.append(shown)
 
 
 def _place_nofollow(src: Path, dfd: int, name: str) -> None:
-    """Writes the host file or directory `src` (made by `_copy_nofollow`) as `name` in the directory fd `dfd`."""
-    if src.is_dir():
-        os.mkdir(name, 0o755, dir_fd=dfd)
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
-        try:
-            for child in sorted(src.iterdir()):
-                _place_nofollow(child, fd, child.name)
-        finally:
+    """Writes the host file or directory `src` (made by `_copy_nofollow`: no symlinks, at most
+    `MAX_ARTIFACT_DEPTH` levels) as `name` in the directory fd `dfd`, depth-first without recursion."""
+    src_root = os.open(src.parent, os.O_RDONLY | os.O_DIRECTORY)
+    stack: list = [("copy", src_root, src.name, dfd, name)]
+    owned: list = [src_root]
+    try:
+        while stack:
+            item = stack.pop()
+            if item[0] == "close":
+                _, sfd, ofd, oname, odir, mode = item
+                os.chmod(oname, mode, dir_fd=odir)
+                for fd in (sfd, ofd):
+                    os.close(fd)
+                    owned.remove(fd)
+                continue
+            _, sdir, sname, odir, oname = item
+            st = os.stat(sname, dir_fd=sdir, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                sfd = os.open(sname, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=sdir)
+                owned.append(sfd)
+                os.mkdir(oname, 0o755, dir_fd=odir)
+                ofd = os.open(oname, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=odir)
+                owned.append(ofd)
+                stack.append(("close", sfd, ofd, oname, odir, stat.S_IMODE(st.st_mode)))
+                for child in sorted(os.listdir(sfd), reverse=True):
+                    stack.append(("copy", sfd, child, ofd, child))
+            elif stat.S_ISREG(st.st_mode):
+                fd = os.open(sname, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=sdir)
+                ofd = os.open(oname, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=odir)
+                with os.fdopen(fd, "rb") as f, os.fdopen(ofd, "wb") as out:
+                    shutil.copyfileobj(f, out, 1 << 20)
+                os.chmod(oname, stat.S_IMODE(st.st_mode), dir_fd=odir)
+    finally:
+        for fd in owned:
             os.close(fd)
-        os.chmod(name, stat.S_IMODE(src.stat().st_mode), dir_fd=dfd)
-    else:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
-        with os.fdopen(fd, "wb") as out, open(src, "rb") as f:
-            shutil.copyfileobj(f, out, 1 << 20)
-        os.chmod(name, stat.S_IMODE(src.stat().st_mode), dir_fd=dfd)
+
+
+def collect_artifacts(sb: "ImageSandbox", paths, art: Path, trial_name: str = "") -> tuple[list, Optional[Path], dict]:
+    """Copies a trial's artifacts out of the agent's container `sb` into the host folder `art` (recreated),
+    for a separate verifier: each path of `paths` (`copy_out`), then Harbor's convention directory (the
+    agent's /logs/artifacts), all within one budget of the trial's limits. An artifact over the budget or
+    too deep stops the collection there (what came before is kept): it is the agent's output, so the
+    verifier judges what arrived and the record says why the rest did not.
+
+    Returns:
+      ([(host copy, container path), ...] to place, the copied convention directory or None,
+       {"collected", "missing", "skipped"[, "refused"]} for the trial's `info["artifacts"]`).
+    """
+    from jaxrl.envs.harbor.fsutil import remove_tree
+
+    remove_tree(art)
+    art.mkdir()
+    collected, missing, skipped, refused = [], [], [], ""
+    budget = sb.artifact_budget()
+    for i, path in enumerate(paths):
+        try:
+            out = sb.copy_out(path, art / str(i), budget)
+        except (SandboxError, OSError) as e:
+            refused = f"{path}: {e}"
+            break
+        if out is None:
+            missing.append(path)
+            continue
+        skipped += out
+        if out != [path]:
+            collected.append((art / str(i), path))
+    conv: Optional[Path] = art / "logs-artifacts"
+    if not refused and any(sb.dirs["logs/artifacts"].iterdir()):
+        lfd = os.open(sb.dirs["logs/artifacts"].parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            _copy_nofollow(lfd, "artifacts", conv, "/logs/artifacts", skipped, budget)
+        except (SandboxError, OSError) as e:
+            refused = f"/logs/artifacts: {e}"
+            remove_tree(conv)
+        finally:
+            os.close(lfd)
+    if not conv.is_dir():
+        conv = None
+    info = {"collected": [p for _, p in collected], "missing": missing, "skipped": skipped}
+    if refused:
+        info["refused"] = refused
+        log.warning("trial %s: artifacts not all copied to the verifier: %s", trial_name, refused)
+    if skipped:
+        log.warning("trial %s: skipped %d symlinks or special files in the artifacts, e.g. %s", trial_name,
+                    len(skipped), skipped[0])
+    return collected, conv, info
 
 
 _LIVE_CONTAINERS: dict = {}

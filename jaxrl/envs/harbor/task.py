@@ -414,7 +414,8 @@ def load_task(path: str | os.PathLike, *, source: str = "", environment_backend:
                                                                   or config.workdir.startswith("/app/")):
         raise HarborTaskError(f"{where}/task.toml: `[environment] workdir = {config.workdir!r}` must be /app or "
                               "below it on the profile path (the sandbox's only writable work directory); the "
-                              "image backend takes any path (harbor.environment_backend='image' or 'auto')")
+                              "image backend takes any path (harbor.environment_backend='image' or 'auto', "
+                              "--environment-backend image)")
     if environment.profile != "image" and (config.environment_env or config.workdir):
         environment = dataclasses.replace(
             environment, env=tuple(environment.env) + tuple(config.environment_env.items()),
@@ -432,11 +433,13 @@ def _environment(p: Path, config: TaskConfig, where: str, backend: str):
         raise HarborTaskError(f"harbor.environment_backend={backend!r}: use one of {list(BACKENDS)}")
     prebuilt = config.docker_image and not (p / "environment" / "Dockerfile").is_file()
     separate = config.verifier_mode == "separate"
+    # auto: what the profile path cannot take goes to the image backend (a workdir outside /app, too)
+    outside_app = config.workdir is not None and not (config.workdir == "/app" or config.workdir.startswith("/app/"))
     if separate and backend == "profile":
         _refuse(where, '[verifier] environment_mode = "separate"', "on the profile path; a separate verifier "
                 "container needs the image backend: set harbor.environment_backend='image' or 'auto' "
                 "(python -m jaxrl.tasks: --environment-backend image)")
-    if backend == "image" or (backend == "auto" and (prebuilt or separate)):
+    if backend == "image" or (backend == "auto" and (prebuilt or separate or outside_app)):
         # auto: a prebuilt image holds what it holds (only a Dockerfile can be read against a profile)
         spec = image_spec(p / "environment", config, f"{where}/environment")
     else:

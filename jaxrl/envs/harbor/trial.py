@@ -44,7 +44,7 @@ from typing import Any, Optional
 from jaxrl.envs.harbor.errors import AgentTimeoutError, SandboxError
 from jaxrl.envs.harbor.fsutil import read_file_nofollow, remove_tree
 from jaxrl.envs.harbor.image_cache import ImageCacheConfig, image_cache
-from jaxrl.envs.harbor.image_sandbox import ImageSandbox
+from jaxrl.envs.harbor.image_sandbox import ImageSandbox, collect_artifacts
 from jaxrl.envs.harbor.images import IMAGE_PROFILE
 from jaxrl.envs.harbor.outcomes import (LIMIT_KINDS, VERIFIED_OUTCOMES, AgentStop, Outcome,  # noqa: F401
                                         TrialResult, VerifierResult, parse_reward)
@@ -467,22 +467,8 @@ class Trial:
         sb = self.sandbox
         if not isinstance(sb, ImageSandbox):
             raise SandboxError(f"task {self.task.name}: a separate verifier needs the image backend")
-        art = self.dir / "artifacts"
-        remove_tree(art)
-        art.mkdir()
-        collected, missing, skipped = [], [], []
-        for i, path in enumerate(self.task.config.artifacts):
-            out = sb.copy_out(path, art / str(i))
-            if out is None:
-                missing.append(path)
-                continue
-            skipped += out
-            if out != [path]:
-                collected.append((art / str(i), path))
-        self.info["artifacts"] = {"collected": [p for _, p in collected], "missing": missing, "skipped": skipped}
-        if skipped:
-            log.warning("trial %s: skipped %d symlinks or special files in the artifacts, e.g. %s", self.name,
-                        len(skipped), skipped[0])
+        collected, conv, self.info["artifacts"] = collect_artifacts(sb, self.task.config.artifacts,
+                                                                     self.dir / "artifacts", self.name)
         bundled = (self.task.tests_dir / "Dockerfile").is_file()
         vsb = ImageSandbox(self.dir / "verifier-env", self.task.environment, self.limits, self.config.sandbox,
                            allow_internet=self.task.config.allow_internet, task=self.task, cache=sb.cache,
@@ -491,6 +477,10 @@ class Trial:
             vsb.prepare()
             for src, path in collected:
                 vsb.place(src, path)
+            if conv is not None:
+                target = vsb.dirs["logs/artifacts"]
+                remove_tree(target)
+                os.replace(conv, target)
             vdir = vsb.dirs["logs/verifier"]
             binds = [(str(vdir), "/logs/verifier", True)]
             if not bundled:

@@ -363,21 +363,25 @@ def test_a_pip_mirror_that_is_a_file_names_its_folder(tmp_path):
 
 
 def test_ctrl_c_during_check_is_one_line(tmp_path):
-    """Fresh-user review: Ctrl-C during `check` printed a 30-line traceback."""
+    """Fresh-user review: Ctrl-C during `check` printed a 30-line traceback, after waiting for the running
+    trials to end (here the oracle's 600 s sleep: the exit would time out); now they are stopped at once."""
     import signal
     import time
 
     s = tmp_path / "set"
-    write_task_dir(s, "slow", solve_sh="#!/bin/bash\nsleep 60\necho done > /app/done.txt\n")
+    write_task_dir(s, "slow", solve_sh="#!/bin/bash\n(exec -a jaxrl-ctrl-c-probe sleep 600)\necho done > /app/done.txt\n",
+                   toml='[task]\nname = "test/slow"\n[agent]\ntimeout_sec = 900.0\n[environment]\nallow_internet = false\n')
     p = subprocess.Popen([sys.executable, "-m", "jaxrl.tasks", "check", str(s)], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not processes_with("sleep 60"):
+    while time.monotonic() < deadline and not processes_with("jaxrl-ctrl-c-probe"):
         time.sleep(0.2)
+    assert processes_with("jaxrl-ctrl-c-probe"), "the oracle did not start"
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=120)
     lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("checking ")]
     assert p.returncode == 130 and len(lines) == 1 and lines[0].startswith("interrupted:"), err
+    assert not processes_with("jaxrl-ctrl-c-probe")  # the trial's processes were killed, not left running
 
 
 def test_an_invalid_task_is_reported_once(tmp_path, capsys):

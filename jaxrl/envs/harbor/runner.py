@@ -61,8 +61,11 @@ def oracle_agent(trial: Trial) -> None:
     r = trial.run_oracle()
     from jaxrl.fileio import atomic_write_text
 
-    atomic_write_text(str(trial.sandbox.dirs["logs/agent"] / "oracle.txt"),
-                      f"{r.output}\n[exit status {r.exit_code}{', timed out' if r.timed_out else ''}]\n")
+    try:
+        atomic_write_text(str(trial.sandbox.dirs["logs/agent"] / "oracle.txt"),
+                          f"{r.output}\n[exit status {r.exit_code}{', timed out' if r.timed_out else ''}]\n")
+    except OSError as e:  # the trial was closed under it (an interrupted run): nothing to keep
+        log.debug("trial %s: oracle.txt not written: %s", trial.name, e)
 
 
 def run_trial(task: HarborTask, agent: Optional[Agent] = None, *, config: TrialConfig = TrialConfig(),
@@ -71,6 +74,20 @@ def run_trial(task: HarborTask, agent: Optional[Agent] = None, *, config: TrialC
     agent or sandbox failure (they are outcomes)."""
     agent = agent or empty_agent
     trial = Trial(task, trial_dir, config, name)
+    with _LIVE_LOCK:
+        _LIVE_TRIALS.add(trial)
+    try:
+        return _run(trial, agent)
+    finally:
+        with _LIVE_LOCK:
+            _LIVE_TRIALS.discard(trial)
+
+
+_LIVE_TRIALS: set = set()  # the trials `run_trial` is running (closed at once when run_trials is interrupted)
+_LIVE_LOCK = threading.Lock()
+
+
+def _run(trial: Trial, agent: Agent) -> TrialResult:
     try:
         trial.start()
     except SandboxError as e:
@@ -92,6 +109,8 @@ def run_trial(task: HarborTask, agent: Optional[Agent] = None, *, config: TrialC
     if th.is_alive():
         log.warning("trial %s: the agent did not return by its deadline; verifying without it", trial.name)
         trial._end_agent_phase(timed_out=True)
+    if trial._phase == "closed":  # closed under the agent (run_trials was interrupted): nothing left to do
+        return trial.close()
     verify = True
     if errors:
         e = errors[0]
@@ -141,10 +160,20 @@ def run_trials(jobs: Iterable[tuple[HarborTask, Optional[Agent]]], *, config: Tr
             on_result(r)
         return r
 
+    ex = concurrent.futures.ThreadPoolExecutor(max_workers=n, thread_name_prefix="jaxrl-trials")
     try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=n, thread_name_prefix="jaxrl-trials") as ex:
-            return list(ex.map(one, jobs))
+        futures = [ex.submit(one, job) for job in jobs]
+        try:
+            return [f.result() for f in futures]
+        except KeyboardInterrupt:  # Ctrl-C: stop the running trials now instead of waiting for them to end
+            ex.shutdown(wait=False, cancel_futures=True)
+            with _LIVE_LOCK:
+                live = list(_LIVE_TRIALS)
+            for trial in live:
+                trial.close()
+            raise
     finally:
+        ex.shutdown(wait=True)
         if trials_dir is None:
             from jaxrl.envs.harbor.fsutil import remove_tree
 

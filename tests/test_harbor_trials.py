@@ -353,6 +353,29 @@ def test_image_backend_flags_are_checked_first_in_one_line(args, start):
     assert out.returncode == 2 and out.stderr.startswith(start) and len(out.stderr.splitlines()) == 1, out.stderr
 
 
+def test_a_disk_check_that_straddles_the_start_of_verification_is_not_counted(tmp_path):
+    """Regression (a CI run: `limits_hit["disk"] == 2` for one crossing): the monitor read the phase "agent",
+    verify() then reset the crossing and began, and the stale check counted the same crossing again."""
+    import math
+
+    from jaxrl.envs.harbor import SandboxConfig, Trial, TrialConfig
+
+    trial = Trial(make_task(tmp_path / "tasks"), tmp_path / "trial",
+                  TrialConfig(sandbox=SandboxConfig(disk_check_interval_sec=0.01)))
+    trial._phase, trial._deadline, trial._over_disk = "agent", math.inf, True  # one crossing already counted
+
+    def over_disk(base):  # verify() starts while this check runs (as its lock block does)
+        with trial._lock:
+            trial._over_disk, trial._phase = False, "verifying"
+        trial._stop_monitor.set()
+        return "over the disk limit"
+
+    trial.sandbox.over_disk = over_disk
+    trial.sandbox.kill_all = lambda *a, **k: None
+    trial._watch()
+    assert "disk" not in trial._limits_hit, trial._limits_hit
+
+
 def test_a_pip_mirror_that_is_a_file_names_its_folder(tmp_path):
     """Fresh-user review: a wheel file given as --pip-mirror was told to `pip download -d <that file>`."""
     wheel = tmp_path / "pytest-9.0.3-py3-none-any.whl"

@@ -233,15 +233,20 @@ class Trial:
                 self._end_agent_phase(timed_out=True)
                 continue
             why = self.sandbox.over_disk(self._disk_base if phase == "verifying" else (0, 0))
-            if not why:
-                self._over_disk = False
-                continue
-            # one `disk` event per crossing of the limit: the files stay until the agent removes
-            # them, so later checks still see the trial over it (they still kill what runs)
-            if not self._over_disk:
-                log.info("trial %s: %s; killing its processes", self.name, why)
-                self._hit("disk")
+            with self._lock:
+                if self._phase != phase:  # verify() began meanwhile (it resets the crossing): this check is stale
+                    continue
+                if not why:
+                    self._over_disk = False
+                    continue
+                # one `disk` event per crossing of the limit: the files stay until the agent removes
+                # them, so later checks still see the trial over it (they still kill what runs)
+                crossed = not self._over_disk
                 self._over_disk = True
+                if crossed:
+                    self._hit("disk")
+            if crossed:
+                log.info("trial %s: %s; killing its processes", self.name, why)
             if self._terminal is not None:
                 self._terminal.close()
             self.sandbox.kill_all("disk")

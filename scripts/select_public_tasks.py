@@ -24,24 +24,20 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from jaxrl.envs.harbor.dockerfile import rewrite_bases  # noqa: E402
+
 STAND_INS = {"ubuntu:24.04", "python:3.11-slim", "python:3.12-slim", "ghcr.io/astral-sh/uv:0.8.15"}
-_IMAGE = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)|COPY\s+[^\n]*--from=(\S+)", re.I | re.M)
 _RUN_DOWNLOAD = re.compile(r"\b(curl|wget|git\s+clone|git\s+fetch|fetch_media|huggingface|hf_hub)\b")
 _TEST_DOWNLOAD = re.compile(r"\b(curl|wget|git\s+clone|uvx|apt-get\s+(?:update|install))\b")
 _PIP_INSTALL = re.compile(r"\bpip3?\s+install\b|-m\s+pip\s+install\b")
 
 
 def _images(dockerfile: Path) -> set:
+    """The external images (FROM and COPY --from; stages excluded) of a Dockerfile, by the image backend's own scan."""
     if not dockerfile.is_file():
         return set()
-    text = dockerfile.read_text(errors="replace")
-    stages = {m.group(1).lower() for m in re.finditer(r"^\s*FROM\s+\S+\s+AS\s+(\S+)", text, re.I | re.M)}
-    out = set()
-    for m in _IMAGE.finditer(text):
-        name = m.group(1) or m.group(2)
-        if name and name.lower() not in stages and not name.isdigit():
-            out.add(name)
-    return out
+    return set(rewrite_bases(dockerfile.read_text(errors="replace"), {})[1])
 
 
 def reasons(task: Path) -> list[str]:

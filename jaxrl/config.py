@@ -140,6 +140,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.harbor.build_concurrency = 1  # image builds at once (1 fits 2 cores)
     c.harbor.image_cache_dir = ""  # index, build locks and logs of the image cache; "" = ~/.cache/jaxrl/images
     c.harbor.pip_mirror = ""  # a folder of wheels pip/uv in trials install from alone (no network needed); "" = none
+    c.harbor.tool_mirror = ""  # a folder whose bin/ holds verifier tools (launch/make_tool_mirror.sh); "" = none
 
     # ---- trainer --------------------------------------------------------------------------
     c.trainer = ml_collections.ConfigDict()
@@ -352,6 +353,8 @@ KEY_DOCS: dict[str, str] = {
     "harbor.build_concurrency": "image backend: image builds at once",
     "harbor.image_cache_dir": "image backend: index, locks and build logs; '' = ~/.cache/jaxrl/images",
     "harbor.pip_mirror": "a folder of wheels (pip download -d DIR ...) pip and uv in trials install from; '' = none",
+    "harbor.tool_mirror": "a folder whose bin/ (launch/make_tool_mirror.sh DIR --uv VER) ends the verifier's PATH; "
+                          "'' = none",
     # trainer
     "trainer.num_steps": "RL steps (one rollout batch each); raise it and rerun to continue a finished run",
     "trainer.train_batch_size": "prompts per RL step, each sampled n_samples_per_prompt times",
@@ -1254,6 +1257,12 @@ def _validate_harbor(c: ml_collections.ConfigDict, check_inputs: bool) -> None:
     if h.pip_mirror and check_inputs and _is_harbor_run(c):
         _require(os.path.isdir(h.pip_mirror), "harbor.pip_mirror", f"{h.pip_mirror!r} is not a directory",
                  "make it with `pip download -d DIR PKG==VER ...` (docs/terminal_tasks.md, 'Network'), or use ''")
+    _require(isinstance(h.tool_mirror, str), "harbor.tool_mirror", f"{h.tool_mirror!r} is not a path",
+             "use '' (no tool mirror) or a folder made by launch/make_tool_mirror.sh")
+    if h.tool_mirror and check_inputs and _is_harbor_run(c):
+        _require(os.path.isdir(os.path.join(h.tool_mirror, "bin")), "harbor.tool_mirror",
+                 f"{h.tool_mirror!r} has no bin/ folder",
+                 "make it with `launch/make_tool_mirror.sh DIR --uv VER` (docs/terminal_tasks.md, 'Network'), or use ''")
     _require(isinstance(d.verify_tasks, bool), "data.verify_tasks", "must be True or False",
              "use True to gate Harbor tasks before training")
     _require(c.generator.max_input_tokens >= 0, "generator.max_input_tokens",

@@ -27,7 +27,8 @@ from jaxrl.envs.harbor.image_flags import image_options_problem
 
 def _trial_config(args, keep: str) -> TrialConfig:
     sb = SandboxConfig(backend=UNSAFE_HOST_BACKEND if args.UNSAFE_no_sandbox else "bwrap",
-                       limits_backend=args.limits, host_uid=args.host_uid, pip_mirror=args.pip_mirror)
+                       limits_backend=args.limits, host_uid=args.host_uid, pip_mirror=args.pip_mirror,
+                       tool_mirror=args.tool_mirror)
     return TrialConfig(agent_timeout_sec=args.agent_timeout, verifier_timeout_sec=args.verifier_timeout,
                        sandbox=sb, keep=keep, stop_agent_processes=args.stop_agent_processes,
                        images=_image_config(args))
@@ -194,6 +195,9 @@ def main(argv=None) -> int:
         sp.add_argument("--pip-mirror", default=None, metavar="DIR",
                         help="a folder of wheels (pip download -d DIR ...) bound into every trial; pip and uv "
                              "install from it alone (verifiers that install pytest without network)")
+        sp.add_argument("--tool-mirror", default=None, metavar="DIR",
+                        help="a folder whose bin/ ends the verifier's PATH (launch/make_tool_mirror.sh DIR --uv VER: "
+                             "uv for verifiers that download it from astral.sh)")
         sp.add_argument("--stop-agent-processes", action="store_true",
                         help="kill the agent's (oracle's) processes before the verifier runs (default: they keep "
                              "running through verification, as in Harbor)")

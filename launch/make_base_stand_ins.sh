@@ -67,22 +67,7 @@ for v in "${uv_versions[@]}"; do
   uv="localhost/uv-stand-in:$v"
   have "$uv" && continue
   mkdir -p "$work/uv-$v"
-  pip download -q --no-deps --only-binary=:all: --platform manylinux_2_17_x86_64 --python-version 3.11 \
-      "uv==$v" -d "$work/uv-$v/wheel"
-  python3 - "$work/uv-$v" <<'EOF'
-import pathlib, sys, zipfile
-d = pathlib.Path(sys.argv[1])
-whl = next((d / "wheel").glob("uv-*.whl"))
-with zipfile.ZipFile(whl) as z:
-    for name in z.namelist():
-        base = name.rsplit("/", 1)[-1]
-        if ".data/scripts/" in name and base in ("uv", "uvx"):
-            (d / base).write_bytes(z.read(name))
-            (d / base).chmod(0o755)
-missing = [b for b in ("uv", "uvx") if not (d / b).is_file()]
-if missing:
-    sys.exit(f"the uv wheel {whl.name} has no {missing}")
-EOF
+  "$(dirname "$0")/uv_from_pypi.sh" "$v" "$work/uv-$v"
   printf 'FROM scratch\nCOPY uv uvx /\n' > "$work/uv-$v/Dockerfile"
   buildah bud -q --isolation chroot -t "$uv" "$work/uv-$v" >/dev/null
 done

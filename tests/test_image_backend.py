@@ -173,6 +173,58 @@ def test_refused_task_builds_and_passes_the_gate(task_root, images, capsys, tmp_
     assert r.outcome == Outcome.OK and r.reward == 0.0, r.error
 
 
+# The verifier shape of the public collections (e.g. terminal-bench-math-modeling): fetch uv from astral.sh
+# (no network here: it fails), then `uvx --with pytest==... pytest`. The tool mirror brings uv (PyPI's wheel),
+# the pip mirror pytest; uv must find both without network.
+UV_VERSION = "0.9.7"
+UVX_TEST = """\
+#!/bin/bash
+apt-get update && apt-get install -y curl
+curl -LsSf https://astral.sh/uv/0.9.7/install.sh | sh
+source $HOME/.local/bin/env
+cat > /tmp/test_state.py <<'PY'
+def test_out():
+    assert open("/workspace/out.txt").read() == open("/opt/seed.txt").read()
+PY
+uvx --with pytest==8.4.1 pytest /tmp/test_state.py -rA
+if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+"""
+
+
+@pytest.fixture(scope="session")
+def uv_mirrors():
+    """(tool mirror with uv and uvx from PyPI's uv wheel, pip mirror with pytest 8.4.1), cached per machine."""
+    root = Path.home() / ".cache" / "jaxrl" / "test-mirrors"
+    tools, wheels = root / f"tools-uv-{UV_VERSION}", root / "pytest-8.4.1"
+    repo = Path(__file__).resolve().parents[1]
+    if not (tools / "bin" / "uvx").is_file():
+        r = subprocess.run([str(repo / "launch" / "make_tool_mirror.sh"), str(tools), "--uv", UV_VERSION],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, f"make_tool_mirror.sh (it needs PyPI): {r.stderr[-500:]}"
+    if not list(wheels.glob("pytest-8.4.1-*.whl")):
+        r = subprocess.run(["pip", "download", "-q", "--only-binary=:all:", "--python-version", "3.11", "-d",
+                            str(wheels), "pytest==8.4.1"], capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, f"pip download (it needs PyPI): {r.stderr[-500:]}"
+    return str(tools), str(wheels)
+
+
+def test_a_uvx_verifier_runs_offline_on_the_tool_and_pip_mirrors(task_root, images, uv_mirrors, tmp_path):
+    tools, wheels = uv_mirrors
+    d = write_task(task_root, "uvx-verifier", test_sh=UVX_TEST)
+    task = load_task(d, environment_backend="image")
+    assert SandboxConfig().network == "none"  # no network in the trial, whatever the task says
+    both = TrialConfig(keep="all", images=images, sandbox=SandboxConfig(tool_mirror=tools, pip_mirror=wheels))
+    r = run_trial(task, config=both, trial_dir=tmp_path / "both", agent=lambda trial: trial.run_oracle())
+    out = (tmp_path / "both" / "logs" / "verifier" / "test-stdout.txt").read_text()
+    assert r.reward == 1.0 and "1 passed" in out, out[-2000:]
+    assert "Could not resolve host" in out or "curl: command not found" in out or "curl: (" in out, out[-2000:]
+    # the same verifier without the tool mirror: no uvx, reward 0 (the pip mirror alone does not bring uv)
+    r = run_trial(task, config=TrialConfig(keep="all", images=images, sandbox=SandboxConfig(pip_mirror=wheels)),
+                  trial_dir=tmp_path / "no-tools", agent=lambda trial: trial.run_oracle())
+    out = (tmp_path / "no-tools" / "logs" / "verifier" / "test-stdout.txt").read_text()
+    assert r.reward == 0.0 and "uvx: command not found" in out, out[-2000:]
+
+
 SEPARATE_TOML = """\
 artifacts = ["/root/results/r.json", "/root/results/link", "/root/results/dir"]
 [task]

@@ -87,7 +87,8 @@ class HarborTasks:
         Raises:
           ConfigError: every training task fails the gate.
         """
-        trial = TrialConfig(keep="none", sandbox=SandboxConfig(pip_mirror=self.c.harbor.pip_mirror or None),
+        trial = TrialConfig(keep="none", sandbox=SandboxConfig(pip_mirror=self.c.harbor.pip_mirror or None,
+                                                          tool_mirror=self.c.harbor.tool_mirror or None),
                             images=config_lib.image_cache_config(self.c.harbor))
         kept_train, failed_train = gate_tasks(self.train_harbor, os.path.join(workdir, "task_gate.json"),
                                               config=trial, concurrency=self.concurrency(len(self.train_harbor)))
@@ -131,7 +132,7 @@ class HarborTasks:
                             keep="logs" if h.keep_trial_logs else "none",
                             stop_agent_processes=bool(h.stop_agent_processes),
                             images=config_lib.image_cache_config(h),
-                            sandbox=SandboxConfig(pip_mirror=h.pip_mirror or None),
+                            sandbox=SandboxConfig(pip_mirror=h.pip_mirror or None, tool_mirror=h.tool_mirror or None),
                             # terminus-2 sees a real tmux pane, as in Harbor; the compact policy its pty shell
                             terminal="tmux" if h.prompt_style == "terminus-2" else "pty")
         trials_dir = os.path.join(workdir, "trials")  # created by the first trial

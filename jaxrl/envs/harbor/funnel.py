@@ -219,6 +219,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--image-cache-max-mb", type=int, default=20480, help="as `check`")
     p.add_argument("--build-concurrency", type=int, default=1, help="as `check`")
     p.add_argument("--pip-mirror", default=None, metavar="DIR", help="as `check`")
+    p.add_argument("--tool-mirror", default=None, metavar="DIR", help="as `check`")
     args = p.parse_args(argv)
     from jaxrl.envs.harbor.image_flags import image_options_problem
 
@@ -252,7 +253,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from jaxrl.envs.harbor.image_flags import image_config
 
         config = TrialConfig(keep="all" if args.trials_dir else "none", images=image_config(args),
-                             sandbox=SandboxConfig(pip_mirror=args.pip_mirror))
+                             sandbox=SandboxConfig(pip_mirror=args.pip_mirror, tool_mirror=args.tool_mirror))
         check_sandbox(config.sandbox)
     report, every, stage_rows = {}, [], []
     for root in args.paths:

@@ -38,6 +38,10 @@ def image_options_problem(args) -> str | None:
     if mirror is not None and not os.path.isdir(mirror):
         return (f"--pip-mirror {mirror!r}: no such folder. Fix: make it with `pip download -d {mirror} "
                 "pytest==VER ...` (docs/terminal_tasks.md, 'Network')")
+    tools = getattr(args, "tool_mirror", None)
+    if tools is not None and not os.path.isdir(os.path.join(tools, "bin")):
+        return (f"--tool-mirror {tools!r}: no bin/ folder in it. Fix: make it with `launch/make_tool_mirror.sh "
+                f"{tools} --uv VER` (docs/terminal_tasks.md, 'Network')")
     if args.image_cache_dir:
         problem = output_dir_problem(args.image_cache_dir)
         if problem:

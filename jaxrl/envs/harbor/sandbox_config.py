@@ -46,6 +46,12 @@ class SandboxConfig:
         (PIP_NO_INDEX, PIP_FIND_LINKS, UV_OFFLINE, UV_FIND_LINKS; a task's `[environment] env` can
         override them). The local mirror for verifiers that install their tools at verification time
         while the trial has no network (docs/terminal_tasks.md, "Network"). None: no mirror.
+      tool_mirror: a host directory whose `bin/` holds the programs a verifier downloads from a host
+        other than a package registry (`launch/make_tool_mirror.sh DIR --uv VER`: uv and uvx from
+        PyPI's `uv` wheel, for the `curl https://astral.sh/uv/VER/install.sh | sh` of many verifiers).
+        Bound read-only at `/opt/jaxrl-tools` while test.sh runs, its `bin/` last on the verifier's
+        PATH (a program the image or the verifier installs itself comes first); the agent never sees it.
+        None: no tool mirror.
       bwrap_path: the bubblewrap executable.
       max_output_bytes: output kept per command (head and tail; the middle is dropped and counted).
       disk_check_interval_sec: period of the disk-usage check.
@@ -68,6 +74,7 @@ class SandboxConfig:
     network: str = "none"
     python: Optional[str] = None
     pip_mirror: Optional[str] = None
+    tool_mirror: Optional[str] = None
     bwrap_path: str = BWRAP
     max_output_bytes: int = 1 << 20
     disk_check_interval_sec: float = 0.5
@@ -94,6 +101,10 @@ class SandboxConfig:
         if self.pip_mirror is not None and not os.path.isdir(self.pip_mirror):
             raise ValueError(f"pip mirror {self.pip_mirror!r} is not a directory: make it with `pip download -d DIR "
                              "PKG==VER ...` (docs/terminal_tasks.md, 'Network'), or leave it unset")
+        if self.tool_mirror is not None and not os.path.isdir(os.path.join(self.tool_mirror, "bin")):
+            raise ValueError(f"tool mirror {self.tool_mirror!r} has no bin/ folder: make it with "
+                             "`launch/make_tool_mirror.sh DIR --uv VER` (docs/terminal_tasks.md, 'Network'), "
+                             "or leave it unset")
 
     def mirror_env(self) -> dict:
         """The variables that point pip and uv at `pip_mirror` inside a trial ({} without a mirror)."""
@@ -109,6 +120,9 @@ class SandboxConfig:
 
 PIP_MIRROR_MOUNT = "/opt/jaxrl-pip-mirror"
 """Where `SandboxConfig.pip_mirror` is bound inside a trial."""
+
+TOOL_MIRROR_MOUNT = "/opt/jaxrl-tools"
+"""Where `SandboxConfig.tool_mirror` is bound while a verifier runs (its `bin/` ends the PATH)."""
 
 
 @dataclasses.dataclass(frozen=True)

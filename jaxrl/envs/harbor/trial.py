@@ -44,12 +44,12 @@ from typing import Any, Optional
 from jaxrl.envs.harbor.errors import AgentTimeoutError, SandboxError
 from jaxrl.envs.harbor.fsutil import read_file_nofollow, remove_tree
 from jaxrl.envs.harbor.image_cache import ImageCacheConfig, image_cache
-from jaxrl.envs.harbor.image_sandbox import ImageSandbox, collect_artifacts
+from jaxrl.envs.harbor.image_sandbox import DEFAULT_PATH, ImageSandbox, collect_artifacts
 from jaxrl.envs.harbor.images import IMAGE_PROFILE
 from jaxrl.envs.harbor.outcomes import (LIMIT_KINDS, VERIFIED_OUTCOMES, AgentStop, Outcome,  # noqa: F401
                                         TrialResult, VerifierResult, parse_reward)
 from jaxrl.envs.harbor.sandbox import RunResult, Sandbox
-from jaxrl.envs.harbor.sandbox_config import Limits, SandboxConfig
+from jaxrl.envs.harbor.sandbox_config import TOOL_MIRROR_MOUNT, UNSAFE_HOST_BACKEND, Limits, SandboxConfig
 from jaxrl.envs.harbor.task import HarborTask
 from jaxrl.envs.harbor.terminal import Terminal, TmuxTerminal
 
@@ -496,12 +496,26 @@ class Trial:
         finally:
             vsb.close()
 
+    def _tool_mirror(self, env: dict) -> list:
+        """The binds of `SandboxConfig.tool_mirror` for test.sh ([] without one); appends its bin/ to
+        `env["PATH"]` (last: a program the image or the verifier installs comes first)."""
+        mirror = self.config.sandbox.tool_mirror
+        if mirror is None:
+            return []
+        mirror = os.path.abspath(mirror)
+        if self.config.sandbox.backend == UNSAFE_HOST_BACKEND:  # no mount namespace: the host path itself
+            env["PATH"] = f"{env.get('PATH', DEFAULT_PATH)}:{mirror}/bin"
+            return []
+        env["PATH"] = f"{env.get('PATH', DEFAULT_PATH)}:{TOOL_MIRROR_MOUNT}/bin"
+        return [(mirror, TOOL_MIRROR_MOUNT, False)]
+
     def _run_test_sh(self, sb, vdir: Path, binds: list, *, watch_disk: bool, chmod: bool = False) -> VerifierResult:
         """Runs /tests/test.sh in `sb` with the verifier budget and `[verifier] env`; reads the reward from `vdir`."""
         script = "/tests/test.sh > /logs/verifier/test-stdout.txt 2>&1"
+        env = sb.env(self.task.config.verifier_env)
+        binds = binds + self._tool_mirror(env)
         res = sb.run(["/bin/bash", "-c", ("chmod +x /tests/test.sh 2>/dev/null; " if chmod else "") + script],
-                     timeout=self.verifier_timeout_sec, phase_binds=binds,
-                     env=sb.env(self.task.config.verifier_env), watch_disk=watch_disk)
+                     timeout=self.verifier_timeout_sec, phase_binds=binds, env=env, watch_disk=watch_disk)
         out, _ = read_file_nofollow(vdir, "test-stdout.txt", self.config.test_output_tail_bytes, tail=True)
         details = {"exit_code": res.exit_code,
                    "test_output": (out or b"").decode("utf-8", errors="replace")}

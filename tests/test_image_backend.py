@@ -475,6 +475,41 @@ def test_check_builds_each_image_once_even_over_the_cap(task_root, tmp_path, cap
     assert cache.index() == {} and not any(_image_id(cache.tag_for(t)) for t in tasks)  # the cap, after the run
 
 
+def test_the_trainer_builds_every_image_before_the_first_rollout(task_root, tmp_path):
+    """Without the gate (data.verify_tasks=False) images were built lazily, at a task's first trial, while
+    the other rollouts waited; now the env factory builds (and pins) every image first, and a task whose
+    build fails is one ConfigError naming it."""
+    import importlib.util
+
+    from jaxrl.config import ConfigError
+    from jaxrl.train.harbor import HarborTasks
+
+    tasks = tmp_path / "set"
+    for i in range(2):
+        shutil.copytree(_tiny(task_root, f"ahead-{i}"), tasks / f"ahead-{i}")
+    spec = importlib.util.spec_from_file_location("terminal_recipe", Path(__file__).parents[1] / "configs" / "terminal.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    c = recipe.get_config()
+    c.data.dataset_path, c.data.verify_tasks = str(tasks), False
+    c.data.eval_dataset_path, c.data.eval_fraction = "", 0.0
+    c.harbor.environment_backend = "image"
+    c.harbor.base_images = (f"{STAND_IN}={STAND_IN}",)
+    c.harbor.image_cache_dir = str(tmp_path / "cache")
+    h = HarborTasks(c)
+    cache = image_cache(ImageCacheConfig(base_images=((STAND_IN, STAND_IN),), cache_dir=c.harbor.image_cache_dir))
+    assert not any(_image_id(cache.tag_for(t)) for t in h.train_harbor + h.eval_harbor)
+    h.make_env_factory(str(tmp_path / "run"))
+    assert all(_image_id(cache.tag_for(t)) for t in h.train_harbor + h.eval_harbor)  # built before any trial
+    assert not (tmp_path / "run" / "trials").exists()
+
+    (tasks / "ahead-1" / "environment" / "Dockerfile").write_text(f"FROM {STAND_IN}\nRUN exit 3\n")
+    h = HarborTasks(c)
+    with pytest.raises(ConfigError, match="the image of task ahead-1 does not build") as e:
+        h.make_env_factory(str(tmp_path / "run2"))
+    assert "\n" not in str(e.value) and "data.verify_tasks=True" in str(e.value)
+
+
 # ---------------------------------------------------------------------------------------------
 # (d) the sandbox's guarantees on a built image
 

@@ -122,6 +122,21 @@ def test_a_separate_verifier_parses_with_its_artifacts():
     assert parse_task_toml("").verifier_mode == "shared" and parse_task_toml("").artifacts == ()
 
 
+def test_a_separate_verifier_without_artifacts_is_warned_about(tmp_path, caplog):
+    """A separate verifier's container gets only the listed artifacts (and /logs/artifacts): without any,
+    its test.sh reads nothing of the agent's work, which a task author should hear about at load."""
+    sep = '[verifier]\nenvironment_mode = "separate"\n'
+    d = write_task_dir(tmp_path, "sep", toml=sep)
+    with caplog.at_level("WARNING", logger="jaxrl.envs.harbor.task"):
+        load_task(d, environment_backend="image")
+    assert "a separate verifier and no `artifacts`" in caplog.text, caplog.text
+    caplog.clear()
+    d = write_task_dir(tmp_path, "sep-art", toml='artifacts = ["/root/out"]\n' + sep)
+    with caplog.at_level("WARNING", logger="jaxrl.envs.harbor.task"):
+        load_task(d, environment_backend="image")
+    assert "no `artifacts`" not in caplog.text
+
+
 def test_accepted_fields(monkeypatch):
     monkeypatch.setenv("JAXRL_TEST_TOKEN", "s3cret")
     c = parse_task_toml('source = "dcagent"\n[task]\nname = "a/b"\ndescription = "d"\nkeywords = ["k"]\n'

@@ -124,7 +124,14 @@ class HarborTasks:
     def make_env_factory(self, workdir: str) -> TerminusEnvFactory:
         """The `make_env` of this run's rollouts (trial directories under `workdir/trials/`; with
         `harbor.keep_trial_logs=False` each is removed when its trial ends, and `remove_empty_trials_dir`
-        removes the folder at the end of the run)."""
+        removes the folder at the end of the run). Every image of a task on the image backend is built
+        first (`build_images`; a cache hit costs a context hash) and pinned for the rest of the process,
+        so no rollout waits on a build and the cache's eviction never removes an image the run uses.
+
+        Raises:
+          ConfigError: a task's image does not build (only reachable with `data.verify_tasks=False`:
+            the gate leaves such tasks out).
+        """
         h = self.c.harbor
         trial = TrialConfig(agent_timeout_sec=h.agent_timeout_sec or None,
                             verifier_timeout_sec=h.verifier_timeout_sec or None,
@@ -135,12 +142,27 @@ class HarborTasks:
                             sandbox=SandboxConfig(pip_mirror=h.pip_mirror or None, tool_mirror=h.tool_mirror or None),
                             # terminus-2 sees a real tmux pane, as in Harbor; the compact policy its pty shell
                             terminal="tmux" if h.prompt_style == "terminus-2" else "pty")
+        self._build_images(trial)
         trials_dir = os.path.join(workdir, "trials")  # created by the first trial
         return TerminusEnvFactory(AgentConfig(prompt_style=h.prompt_style, harbor_wheel=str(h.harbor_wheel),
                                               strict_json_parser=bool(h.strict_json_parser),
                                               max_output_bytes=int(h.max_output_bytes),
                                               max_output_tokens=int(self.c.generator.sampling_params.max_generate_length),
                                               trial=trial, trials_dir=trials_dir))
+
+
+    def _build_images(self, trial: TrialConfig) -> None:
+        from jaxrl.envs.harbor.runner import build_images
+
+        tasks = list(self.train_harbor) + list(self.eval_harbor)
+        errors, _pinned = build_images(tasks, trial)  # pinned until the process ends
+        if errors:
+            path, why = next(iter(errors.items()))
+            name = next((t.name for t in tasks if str(t.path) == path), path)
+            more = f" ({len(errors) - 1} more tasks fail to build)" if len(errors) > 1 else ""
+            raise config_lib.ConfigError("data.dataset_path", f"the image of task {name} does not build: {why}{more}",
+                                         "fix its Dockerfile, or set data.verify_tasks=True so the verifier "
+                                         "gate leaves tasks that do not build out")
 
 
 def remove_stale_trials(workdir: str) -> int:

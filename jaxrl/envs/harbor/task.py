@@ -439,6 +439,9 @@ def _environment(p: Path, config: TaskConfig, where: str, backend: str):
         _refuse(where, '[verifier] environment_mode = "separate"', "on the profile path; a separate verifier "
                 "container needs the image backend: set harbor.environment_backend='image' or 'auto' "
                 "(python -m jaxrl.tasks: --environment-backend image)")
+    if separate and not config.artifacts:
+        _log.warning("task %s: a separate verifier and no `artifacts`: its container gets nothing from the "
+                     "agent's but /logs/artifacts (list the paths test.sh reads in task.toml's `artifacts`)", where)
     if backend == "image" or (backend == "auto" and (prebuilt or separate or outside_app)):
         # auto: a prebuilt image holds what it holds (only a Dockerfile can be read against a profile)
         spec = image_spec(p / "environment", config, f"{where}/environment")

@@ -138,6 +138,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.harbor.base_images = ()  # "FROM name=local image" entries for the image backend (nothing is pulled)
     c.harbor.image_cache_max_mb = 20480  # built task images kept; least recently used ones above it are removed
     c.harbor.build_concurrency = 1  # image builds at once (1 fits 2 cores)
+    c.harbor.image_builder = "buildah"  # the image backend's builder: "buildah" or "podman"
     c.harbor.image_cache_dir = ""  # index, build locks and logs of the image cache; "" = ~/.cache/jaxrl/images
     c.harbor.pip_mirror = ""  # a folder of wheels pip/uv in trials install from alone (no network needed); "" = none
     c.harbor.tool_mirror = ""  # a folder whose bin/ holds verifier tools (launch/make_tool_mirror.sh); "" = none
@@ -351,6 +352,7 @@ KEY_DOCS: dict[str, str] = {
     "harbor.base_images": "image backend: 'FROM name=local image' entries mapping base images (nothing is pulled)",
     "harbor.image_cache_max_mb": "image backend: MB of built task images kept (least recently used removed above it)",
     "harbor.build_concurrency": "image backend: image builds at once",
+    "harbor.image_builder": "image backend: the builder, 'buildah' or 'podman' (both run no container runtime)",
     "harbor.image_cache_dir": "image backend: index, locks and build logs; '' = ~/.cache/jaxrl/images",
     "harbor.pip_mirror": "a folder of wheels (pip download -d DIR ...) pip and uv in trials install from; '' = none",
     "harbor.tool_mirror": "a folder whose bin/ (launch/make_tool_mirror.sh DIR --uv VER) ends the verifier's PATH; "
@@ -1201,7 +1203,8 @@ def image_cache_config(h):
     from jaxrl.envs.harbor.image_cache import ImageCacheConfig
 
     return ImageCacheConfig(base_images=base_image_pairs(h.base_images), cache_dir=h.image_cache_dir or None,
-                            max_mb=int(h.image_cache_max_mb), build_concurrency=int(h.build_concurrency))
+                            max_mb=int(h.image_cache_max_mb), build_concurrency=int(h.build_concurrency),
+                            builder=str(h.image_builder))
 
 
 def _validate_harbor(c: ml_collections.ConfigDict, check_inputs: bool) -> None:
@@ -1248,6 +1251,8 @@ def _validate_harbor(c: ml_collections.ConfigDict, check_inputs: bool) -> None:
         raise ConfigError("harbor.base_images", str(e), "use entries like 'ubuntu:24.04=localhost/debian-stand-in:bookworm'") from None
     _require(isinstance(h.image_cache_max_mb, int) and h.image_cache_max_mb > 0, "harbor.image_cache_max_mb",
              f"{h.image_cache_max_mb!r} must be a positive integer", "use 20480 (20 GB) or the disk you can spare")
+    _require(h.image_builder in ("buildah", "podman"), "harbor.image_builder", f"{h.image_builder!r} is not a builder",
+             "use 'buildah' or 'podman'")
     _require(isinstance(h.build_concurrency, int) and h.build_concurrency >= 1, "harbor.build_concurrency",
              f"{h.build_concurrency!r} must be an integer >= 1", "use 1 on small machines")
     _require(isinstance(h.image_cache_dir, str), "harbor.image_cache_dir", f"{h.image_cache_dir!r} is not a path",

@@ -192,6 +192,8 @@ def main(argv=None) -> int:
         sp.add_argument("--image-cache-max-mb", type=int, default=20480,
                         help="image backend: MB of built images kept (least recently used removed above it)")
         sp.add_argument("--build-concurrency", type=int, default=1, help="image backend: builds at once")
+        sp.add_argument("--image-builder", choices=("buildah", "podman"), default="buildah",
+                        help="image backend: build with buildah or podman (neither runs a container runtime)")
         sp.add_argument("--pip-mirror", default=None, metavar="DIR",
                         help="a folder of wheels (pip download -d DIR ...) bound into every trial; pip and uv "
                              "install from it alone (verifiers that install pytest without network)")

@@ -98,7 +98,7 @@ README_MAX_BYTES = 8192
 # test command"), and users copy the first.
 README_COMMANDS = (
     "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && python -m jaxrl.main --config=configs/rloo.py",
-    "apt-get install -y bubblewrap tmux buildah mmdebstrap\n"
+    "apt-get install -y bubblewrap tmux buildah podman mmdebstrap\n"
     "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[dev]' && python -m pytest -q",
 )
 

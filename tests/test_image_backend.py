@@ -575,9 +575,16 @@ def _host_ip() -> str:
         s.close()
 
 
-def test_escape_attempts_are_blocked_on_a_built_image(task_root, images, tmp_path):
+@pytest.mark.parametrize("builder", ["buildah", "podman"])
+def test_escape_attempts_are_blocked_on_a_built_image(task_root, images, tmp_path, builder):
     """27 in-sandbox probes on the container while a second trial of the same image is live; writes to /
-    land in the container's own layer; the layer is gone after close."""
+    land in the container's own layer; the layer is gone after close. Once per builder (the builder makes
+    the image and the container's root; bwrap runs the commands either way)."""
+    import dataclasses
+
+    if builder == "podman" and shutil.which("podman") is None:
+        pytest.fail("podman is not installed (apt-get install podman; .ci/run installs it)")
+    images = dataclasses.replace(images, builder=builder)
     listener = socket.socket()
     listener.bind(("0.0.0.0", 0))
     listener.listen(8)
@@ -599,7 +606,9 @@ def test_escape_attempts_are_blocked_on_a_built_image(task_root, images, tmp_pat
     unix.listen(8)
     secret = tmp_path / "secret.txt"
     secret.write_text("host secret")
-    task = load_task(write_task(task_root, "escape"), environment_backend="image")
+    d = write_task(task_root, f"escape-{builder}")
+    (d / "environment" / "data.txt").write_text(uuid.uuid4().hex)  # a new image: built by `builder` here
+    task = load_task(d, environment_backend="image")
     cfg = TrialConfig(images=images)
     other = Trial(task, tmp_path / "other", cfg).start()
     trial = Trial(task, tmp_path / "probe", cfg).start()
@@ -632,6 +641,12 @@ def test_escape_attempts_are_blocked_on_a_built_image(task_root, images, tmp_pat
         other.close()
     assert not layer.exists()
     assert container not in _buildah("containers", "--all", "--quiet", "--notruncate")
+    tag = image_cache(images).tag_for(task)
+    log = Path(images.cache_dir) / "logs" / f"{tag.rsplit(':', 1)[1]}.log"
+    assert log.read_text().startswith(f"$ {builder} {'build' if builder == 'podman' else 'bud'} "), log.read_text()[:200]
+    if builder == "podman":
+        assert container not in subprocess.run(["podman", "ps", "--all", "--external", "--quiet", "--no-trunc"],
+                                               capture_output=True, text=True).stdout
 
 
 CGROUP = [(n, c) for n, c in limit_configs() if n == "cgroup"]

@@ -1,7 +1,8 @@
 """Image builders: `Builder`, the small interface the image backend needs from a container tool
 (build, tag, image id / size / config, rmi, per-trial containers and their writable layers), and
-`BuildahBuilder` (`buildah bud --isolation chroot`, `buildah from` + `buildah mount` per trial), the
-one implemented and verified (`BUILDERS`). A failed build raises `ImageBuildError`.
+`BuildahBuilder` (`buildah bud --isolation chroot`, `buildah from` + `buildah mount` per trial) and
+`PodmanBuilder` (`podman build --isolation chroot`, `podman create` + `podman mount`), both verified here
+(`BUILDERS`). A failed build raises `ImageBuildError`.
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ class ImageBuildError(SandboxError):
 
 
 class Builder:
-    """What the image backend needs from a container tool. Subclasses: `BuildahBuilder` (verified);
-    Docker, Podman and Apptainer would be further subclasses (not written or verified)."""
+    """What the image backend needs from a container tool. Subclasses: `BuildahBuilder` and `PodmanBuilder`
+    (verified); Docker and Apptainer would be further subclasses (not written or verified)."""
 
     name = "builder"
 
@@ -101,16 +102,18 @@ class BuildahBuilder(Builder):
         try:
             r = subprocess.run([self.exe, *args], capture_output=True, text=True, timeout=timeout)
         except FileNotFoundError:
-            raise SandboxError(f"{self.exe} is not installed: apt-get install buildah (the image backend's builder)") from None
+            raise SandboxError(f"{self.exe} is not installed: apt-get install {self.name} (the image backend's "
+                               "builder)") from None
         except subprocess.TimeoutExpired:
-            raise SandboxError(f"`buildah {' '.join(args[:2])}` took longer than {timeout:g} s") from None
+            raise SandboxError(f"`{self.name} {' '.join(args[:2])}` took longer than {timeout:g} s") from None
         if check and r.returncode != 0:
-            raise SandboxError(f"`buildah {' '.join(args)}` failed: {(r.stderr or r.stdout).strip()[-500:]}")
+            raise SandboxError(f"`{self.name} {' '.join(args)}` failed: {(r.stderr or r.stdout).strip()[-500:]}")
         return r
 
     def available(self) -> Optional[str]:
         if shutil.which(self.exe) is None:
-            return f"{self.exe} not found: apt-get install buildah (harbor.environment_backend='image' builds with it)"
+            return (f"{self.exe} not found: apt-get install {self.name} (harbor.environment_backend='image' builds "
+                    "with it)")
         return None
 
     def image_id(self, ref: str) -> Optional[str]:
@@ -120,10 +123,12 @@ class BuildahBuilder(Builder):
     def tag(self, src: str, dst: str) -> None:
         self._run("tag", src, dst)
 
+    _build_verb = ("bud",)
+
     def build(self, context: str, tag: str, log_path: str, *, pull: bool, timeout: float,
               dockerfile: Optional[str] = None) -> None:
-        argv = [self.exe, "bud", "--isolation", "chroot", "--pull=true" if pull else "--pull=never", "--layers=false",
-                "-t", tag, "-f", dockerfile or os.path.join(context, "Dockerfile")]
+        argv = [self.exe, *self._build_verb, "--isolation", "chroot", "--pull=true" if pull else "--pull=never",
+                "--layers=false", "-t", tag, "-f", dockerfile or os.path.join(context, "Dockerfile")]
         if os.path.isfile(HOST_CA):
             # pip in RUN steps verifies against the host's CA bundle. buildah 1.28's --env reaches only the
             # committed image (and --unsetenv hides it from RUN too), so a pip config file bound for the build
@@ -256,4 +261,83 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-BUILDERS = {"buildah": BuildahBuilder}
+class PodmanBuilder(BuildahBuilder):
+    """podman (4.x) with `podman build --isolation chroot` (buildah's build code inside podman), and per trial
+    `podman create` + `podman mount` (rootful). Nothing is ever run by podman itself: the trial's commands
+    run in bwrap over the mounted root, as with buildah (`podman run` needs an OCI runtime, which this
+    path does not). Podman and buildah share the containers/storage image store.
+
+    Args:
+      podman: the podman executable.
+      volumes: extra `-v` specs for every RUN step (the host CA bundle is added when it exists).
+    """
+
+    name = "podman"
+    _build_verb = ("build",)
+
+    def __init__(self, podman: str = "podman", volumes: Sequence[str] = ()):
+        super().__init__(podman, volumes)
+
+    def _inspect(self, ref: str) -> Optional[dict]:
+        r = self._run("image", "inspect", ref, check=False)
+        try:
+            rows = json.loads(r.stdout) if r.returncode == 0 else []
+        except ValueError:
+            return None
+        return rows[0] if rows else None
+
+    def image_id(self, ref: str) -> Optional[str]:
+        row = self._inspect(ref)
+        return (row or {}).get("Id") or None
+
+    def image_size(self, ref: str) -> int:
+        return int((self._inspect(ref) or {}).get("Size") or 0)
+
+    def image_config(self, ref: str) -> dict:
+        row = self._inspect(ref)
+        if row is None:
+            raise SandboxError(f"`podman image inspect {ref}` found no image")
+        cfg = row.get("Config") or {}
+        env = [tuple(kv.partition("=")[::2]) for kv in cfg.get("Env") or []]
+        return {"workdir": cfg.get("WorkingDir") or "/", "env": env, "user": cfg.get("User") or ""}
+
+    def _containers(self) -> list:
+        """Every container in the store, podman's and buildah's (`--external`)."""
+        r = self._run("ps", "--all", "--external", "--format", "json", check=False)
+        try:
+            return json.loads(r.stdout or "[]") or []
+        except ValueError:
+            return []
+
+    def images_in_use(self) -> set:
+        return {c.get("ImageID", "") for c in self._containers()}
+
+    def create_container(self, ref: str) -> tuple[str, str]:
+        self.remove_stale_containers()
+        name = f"{CONTAINER_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
+        # the command is never run (bwrap runs the trial's commands); podman create only needs one set
+        c = self._run("create", "--pull=never", "--name", name, ref, "/bin/true").stdout.strip()
+        try:
+            m = self._run("mount", c).stdout.strip()
+        except SandboxError:
+            self.remove_container(c)
+            raise
+        return c, m
+
+    def remove_container(self, container: str) -> None:
+        self._run("rm", "--force", container, check=False)
+
+    def remove_stale_containers(self) -> list[str]:
+        """As `BuildahBuilder.remove_stale_containers`, for podman's containers."""
+        removed = []
+        for row in self._containers():
+            for name in row.get("Names") or []:
+                m = re.fullmatch(re.escape(CONTAINER_PREFIX) + r"(\d+)-[0-9a-f]+", name)
+                if m and not _pid_alive(int(m.group(1))):
+                    if self._run("rm", "--force", name, check=False).returncode == 0:
+                        removed.append(name)
+                        log.info("image cache: removed the container %s of a process that ended", name)
+        return removed
+
+
+BUILDERS = {"buildah": BuildahBuilder, "podman": PodmanBuilder}

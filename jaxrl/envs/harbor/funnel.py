@@ -218,6 +218,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--image-cache-dir", default=None, help="as `check`")
     p.add_argument("--image-cache-max-mb", type=int, default=20480, help="as `check`")
     p.add_argument("--build-concurrency", type=int, default=1, help="as `check`")
+    p.add_argument("--image-builder", choices=("buildah", "podman"), default="buildah", help="as `check`")
     p.add_argument("--pip-mirror", default=None, metavar="DIR", help="as `check`")
     p.add_argument("--tool-mirror", default=None, metavar="DIR", help="as `check`")
     args = p.parse_args(argv)

@@ -37,7 +37,7 @@ class ImageCacheConfig:
       max_mb: total size of the built images kept; least recently used ones not in use are removed above it.
       build_concurrency: builds at once (per cache directory, across processes).
       pull: let the builder pull missing base images (off: only local images are used).
-      builder: "buildah" (the only one implemented).
+      builder: "buildah" or "podman" (`builders.BUILDERS`).
     """
 
     base_images: tuple = ()
@@ -50,7 +50,7 @@ class ImageCacheConfig:
     def validate(self) -> None:
         """Raises ValueError naming the setting and the fix."""
         if self.builder not in BUILDERS:
-            raise ValueError(f"image builder {self.builder!r}: only {sorted(BUILDERS)} is implemented")
+            raise ValueError(f"harbor.image_builder={self.builder!r}: use one of {sorted(BUILDERS)}")
         if not isinstance(self.max_mb, int) or self.max_mb <= 0:
             raise ValueError(f"harbor.image_cache_max_mb={self.max_mb!r}: a positive number of megabytes")
         if not isinstance(self.build_concurrency, int) or self.build_concurrency < 1:

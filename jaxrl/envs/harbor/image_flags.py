@@ -60,4 +60,5 @@ def image_config(args):
     from jaxrl.envs.harbor.image_cache import ImageCacheConfig
 
     return ImageCacheConfig(base_images=base_image_pairs(args.base_image or ()), cache_dir=args.image_cache_dir,
-                            max_mb=args.image_cache_max_mb, build_concurrency=args.build_concurrency)
+                            max_mb=args.image_cache_max_mb, build_concurrency=args.build_concurrency,
+                            builder=getattr(args, "image_builder", "buildah"))

@@ -1,8 +1,8 @@
 """Per-trial start-up: the image backend against the profile path, side by side, on the same task.
 
 One small task (FROM ubuntu:24.04, WORKDIR /app) loads on both paths: the profile path (host
-directories on bubblewrap) and the image backend (its image built once, then a fresh buildah
-container per trial). For each path, alternating, `--trials` times: `Trial.start()` (sandbox,
+directories on bubblewrap) and the image backend with each builder installed (buildah, podman: its
+image built once, then a fresh container per trial). For each path, alternating, `--trials` times: `Trial.start()` (sandbox,
 container, cgroup), one command (`true`, the first command an agent sends) and `close()`; printed per
 path: the median, min and max of start (start() + first command) and of close, the ratio of the
 medians, and the one-off build time of the image (its first `ensure`). The machine's load average is
@@ -14,6 +14,7 @@ Usage: python bench/trial_startup.py [--trials 10] [--base-image ubuntu:24.04=lo
 from __future__ import annotations
 
 import argparse
+import shutil
 import os
 import statistics
 import sys
@@ -76,25 +77,33 @@ def main() -> int:
     args = p.parse_args()
     base = base_image_pairs(args.base_image or ["ubuntu:24.04=localhost/debian-stand-in:bookworm"])
     work = Path(tempfile.mkdtemp(prefix="jaxrl-bench-startup-"))
-    images = ImageCacheConfig(base_images=base, cache_dir=str(work / "cache"))
     d = write_task(work)
-    tasks = {"profile": load_task(d), "image": load_task(d, environment_backend="image")}
-    t0 = time.perf_counter()
-    image_cache(images).ensure(tasks["image"])
-    build = time.perf_counter() - t0
-    config = TrialConfig(keep="none", images=images)
-    res = {k: ([], []) for k in tasks}
+    paths = {"profile": (load_task(d), TrialConfig(keep="none"))}
+    builds = {}
+    for builder in ("buildah", "podman"):
+        if shutil.which(builder) is None:
+            print(f"{builder} is not installed: its path is left out (apt-get install {builder})")
+            continue
+        images = ImageCacheConfig(base_images=base, cache_dir=str(work / "cache"), builder=builder)
+        task = load_task(d, environment_backend="image")
+        t0 = time.perf_counter()
+        image_cache(images).ensure(task)
+        builds[builder] = time.perf_counter() - t0
+        paths[builder] = (task, TrialConfig(keep="none", images=images))
+    res = {k: ([], []) for k in paths}
     for i in range(args.trials):
-        for k, task in tasks.items():
+        for k, (task, config) in paths.items():
             s, c = one(task, config, work / f"{k}-{i}")
             res[k][0].append(s)
             res[k][1].append(c)
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}; {args.trials} trials per path, alternating")
-    print(f"image build (once, then cached): {build:.1f} s")
-    for k in tasks:
-        print(f"{k:>7} ({tasks[k].environment.profile}): start+first command {stats(res[k][0])};  close {stats(res[k][1])}")
-    ratio = statistics.median(res["image"][0]) / statistics.median(res["profile"][0])
-    print(f"image / profile start-up (medians): {ratio:.2f}x")
+    for k, b in builds.items():
+        print(f"image build with {k} (once, then cached): {b:.1f} s")
+    for k, (task, _) in paths.items():
+        print(f"{k:>7} ({task.environment.profile}): start+first command {stats(res[k][0])};  close {stats(res[k][1])}")
+    for k in builds:
+        ratio = statistics.median(res[k][0]) / statistics.median(res["profile"][0])
+        print(f"{k} image / profile start-up (medians): {ratio:.2f}x")
     return 0
 
 

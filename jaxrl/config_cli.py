@@ -8,7 +8,7 @@
 A recipe is `path/to/recipe.py[:scale]` (what `--config=` takes), a run's `rl_config.json` or the
 run's workdir.
 Every key can be overridden on the command line of `jaxrl.main`: `--config.KEY=VALUE`. The
-meanings come from `jaxrl.config.KEY_DOCS`.
+meanings come from `jaxrl.config.KEY_DOCS`, generated from the schema (jaxrl/config/schema.py).
 """
 from __future__ import annotations
 

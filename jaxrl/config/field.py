@@ -43,7 +43,8 @@ class Field:
       fix: the "Fix:" text of a violation; "" = generated from bounds / choices and the default.
       source: where the key and its default come from (paper, section, upstream default).
       attr: the attribute of the objective dataclass the key sets ("" = not an objective option).
-      owner: that dataclass: "loss" (LossConfig) or "advantage" (AdvantageConfig).
+      owner: that dataclass: "loss" (LossConfig), "advantage" (AdvantageConfig) or "error_policy"
+        (jaxrl.train.error_policy.ErrorPolicy, the `harbor.error_policy` section).
       finite: a float value must be finite (also implied by `bounds`).
     """
 
@@ -181,7 +182,7 @@ class Field:
         if self.has_off and (v is None or _same(v, self.off)):
             return None
         want = self.value_type
-        return want(v) if want in (bool, int, float, str) else v
+        return want(v) if want in (bool, int, float, str, tuple) else v
 
     def dataclass_field(self) -> dataclasses.Field:
         """A `dataclasses.field` with this key's default (dataclass form) and the Field as metadata."""

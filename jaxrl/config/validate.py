@@ -93,8 +93,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
     _check_async(c)
     from jaxrl import gpu_memory
 
-    gpu_memory.check_keys(c)
-    if platform == "gpu":
+    if platform == "gpu":  # the shares' ranges are their Fields' (checked above)
         gpu_memory.check_shares(c)
     need = rollout_max_seq_len(c)
     t = c.trainer
@@ -102,8 +101,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None, check
              f"the largest bucket {max(t.seq_len_buckets, default=0)} is shorter than the longest possible "
              f"trajectory ({need} tokens = data.max_prompt_length + generator.max_turns x max_generate_length, "
              "capped by trainer.algorithm.max_seq_len)", f"add a bucket >= {need}")
-    _check_data(c, check_inputs)
     check_harbor(c, check_inputs)
+    _check_data(c, check_inputs)
     _check_mesh(c, num_devices)
 
 

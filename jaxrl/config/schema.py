@@ -1,7 +1,8 @@
 """The run-config schema: every key of `base_config()` declared once as a
 :class:`~jaxrl.config.field.Field` (type and default, bounds or choices, a one-line meaning, its
 source), in the order `rl_config.json` lists them. `trainer.algorithm` is declared in
-jaxrl/config/algorithm.py, next to nothing else, because the objective's dataclasses are built from it.
+jaxrl/config/algorithm.py, next to nothing else, because the objective's dataclasses are built from it;
+`harbor.error_policy` is `jaxrl.train.error_policy.ErrorPolicy`'s fields (owner "error_policy").
 
 `base_config()` (the ml_collections ConfigDict that recipes start from), `validate()`'s per-key
 checks (`field_problems`), `python -m jaxrl.config show` (`KEY_DOCS`, `key_type`) and docs/config.md

@@ -17,8 +17,6 @@ from typing import Any, Optional
 _UNSET = object()  # `off` not given: the key has no "off" value
 _BOUNDS = re.compile(r"^\s*(?:(?P<op>>=|>|<=|<)\s*(?P<one>\S+)|(?P<lb>[\[(])\s*(?P<lo>[^,\s]+)\s*,\s*(?P<hi>[^\])\s]+)"
                      r"\s*(?P<rb>[\])]))\s*$")
-
-
 _num = float  # a bound of `bounds` ("1e-4", "inf", ...)
 
 

@@ -37,7 +37,6 @@ Differences from SkyRL (skyrl_train `ppo_utils` advantage estimators), all delib
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional
 
 import jax

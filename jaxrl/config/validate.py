@@ -15,7 +15,7 @@ import ml_collections
 
 from jaxrl.config.derived import advantage_config, loss_config, needs_critic, rollout_max_seq_len
 from jaxrl.config.harbor_checks import _is_harbor_run, check_harbor
-from jaxrl.config.schema import field_problems
+from jaxrl.config.schema import FIELDS_BY_KEY, field_problems
 from jaxrl.errors import ConfigError
 from jaxrl.fileio import HF_CHECKPOINT_HINT, hf_checkpoint_problem, tokenizer_problem
 
@@ -236,7 +236,7 @@ def _check_mesh(c: ml_collections.ConfigDict, num_devices) -> None:
                           mesh_hint(*axes, num_devices))
 
 
-ASYNC_MODES = ("sync", "one_step", "fully_async")  # the choices of trainer.async_rl.mode (schema.py)
+ASYNC_MODES = FIELDS_BY_KEY["trainer.async_rl.mode"].choices  # ("sync", "one_step", "fully_async")
 
 
 def _check_async(c: ml_collections.ConfigDict) -> None:

@@ -8,7 +8,7 @@
 A recipe is `path/to/recipe.py[:scale]` (what `--config=` takes), a run's `rl_config.json` or the
 run's workdir.
 Every key can be overridden on the command line of `jaxrl.main`: `--config.KEY=VALUE`. The
-meanings come from `jaxrl.config.KEY_DOCS`.
+meanings come from `jaxrl.config.KEY_DOCS`, generated from the schema (jaxrl/config/schema.py).
 """
 from __future__ import annotations
 
@@ -55,7 +55,15 @@ def _fmt(value: Any) -> str:
 
 
 def _doc(key: str) -> str:
-    return config_lib.KEY_DOCS.get(key, "(not described in jaxrl.config.KEY_DOCS)")
+    """`allowed VALUES; MEANING` of a key from its schema Field (`allowed` only for a key with
+    bounds or choices); a key the schema lacks (an old rl_config.json) says so."""
+    f = config_lib.FIELDS_BY_KEY.get(key)
+    if f is None:
+        return "(not a key of this jaxrl version's schema, jaxrl/config/schema.py)"
+    from jaxrl.config.docs import allowed
+
+    values = allowed(f).replace("`", "")
+    return f"allowed {values}; {f.doc}" if values else f.doc
 
 
 SHOW_WIDTH = 100  # `show` lines are at most this wide (a terminal, a code review, a log viewer)
@@ -82,7 +90,7 @@ def show_lines(spec: str, prefixes: Sequence[str] = ()) -> list[str]:
     keys = [k for k in flat if not prefixes or any(k.startswith(p) for p in prefixes)]
     scale = flat.get("scale", "?")
     lines = [f"# {spec} (scale {scale}): {len(keys)} of {len(flat)} keys",
-             "# each key: KEY = VALUE, then, indented, TYPE: MEANING; override any with --config.KEY=VALUE"]
+             "# each key: KEY = VALUE, then TYPE: [allowed VALUES;] MEANING; override with --config.KEY=VALUE"]
     indent = "    "
     for k in keys:
         v = _fmt(flat[k])

@@ -44,16 +44,19 @@ def claims(c) -> list[tuple[str, float]]:
 
 
 def check_keys(c) -> None:
-    """Range checks of the share keys (any platform).
+    """Range checks of the share keys (any platform): their Fields' check (jaxrl/config/schema.py,
+    bounds (0, 1)), the one check of these keys.
 
     Raises:
       ConfigError: a share outside (0, 1).
     """
-    for key, v in (("trainer.gpu_memory_fraction", c.trainer.gpu_memory_fraction),
-                   ("generator.gpu_memory_utilization", c.generator.gpu_memory_utilization)):
-        if not 0.0 < float(v) < 1.0:
-            raise ConfigError(key, f"{v} is not a fraction in (0, 1)", "use e.g. 0.6 for the trainer and 0.3 for a "
-                                                                       "sidecar on the same GPUs")
+    from jaxrl.config.schema import FIELDS_BY_KEY, get_value
+
+    for key in ("trainer.gpu_memory_fraction", "generator.gpu_memory_utilization"):
+        f = FIELDS_BY_KEY[key]
+        problem = f.problem_with(get_value(c, key))
+        if problem:
+            raise ConfigError(key, problem, f.fix_text())
 
 
 def check_shares(c) -> None:

@@ -68,15 +68,69 @@ def _set(c, key, value):
     set_key(c, f"trainer.algorithm.{key}", value)
 
 
+def _objective_field(key):
+    """(dataclass, attribute, builder) of the trainer.algorithm `key` (relative), read from the
+    dataclass fields' metadata: the Field each was generated from."""
+    for cls, build in ((LossConfig, config_lib.loss_config), (AdvantageConfig, config_lib.advantage_config)):
+        for f in dataclasses.fields(cls):
+            if f.metadata["schema"].key == f"trainer.algorithm.{key}":
+                return cls, f.name, build
+    raise AssertionError(f"trainer.algorithm.{key} sets no LossConfig / AdvantageConfig field")
+
+
 def test_every_loss_and_advantage_field_is_a_config_key():
-    loss_fields = {f.name for f in dataclasses.fields(LossConfig)}
-    adv_fields = {f.name for f in dataclasses.fields(AdvantageConfig)}
-    assert {f for f, _ in config_lib.LOSS_CONFIG_KEYS.values()} == loss_fields
-    assert {f for f, _ in config_lib.ADVANTAGE_CONFIG_KEYS.values()} == adv_fields
     keys = set(config_lib.flatten(config_lib.base_config()))
-    for key in list(config_lib.LOSS_CONFIG_KEYS) + list(config_lib.ADVANTAGE_CONFIG_KEYS):
-        assert f"trainer.algorithm.{key}" in keys, key
-    assert set(CHANGES) == set(config_lib.LOSS_CONFIG_KEYS) | set(config_lib.ADVANTAGE_CONFIG_KEYS)
+    reached = set()
+    for cls in (LossConfig, AdvantageConfig):
+        for f in dataclasses.fields(cls):
+            spec = f.metadata["schema"]
+            assert spec is config_lib.FIELDS_BY_KEY[spec.key], f"{cls.__name__}.{f.name} is not the schema's Field"
+            assert spec.key in keys, spec.key
+            reached.add(spec.key.removeprefix("trainer.algorithm."))
+    assert set(CHANGES) == reached
+
+
+def test_objective_dataclasses_have_the_schema_defaults_and_nothing_else():
+    """One default per key: the dataclass default of every LossConfig / AdvantageConfig field is the
+    schema default in dataclass form (an off value '' / 0 is None there), and base_config() holds
+    the schema default; the values below are today's config defaults, written out by hand."""
+    by_hand = {"eps_clip_high": 0.05, "eps_clip_low": 0.2, "max_seq_len": None, "sapo_tau_neg": 1.05,
+               "tis_ratio_type": None, "clip_cov_ratio": 2e-4, "group_advantage_min_size": 2, "lambd": 1.0}
+    base = config_lib.flatten(config_lib.base_config())
+    for cls in (LossConfig, AdvantageConfig):
+        made = cls()
+        for f in dataclasses.fields(cls):
+            spec = f.metadata["schema"]
+            assert base[spec.key] == spec.default
+            assert getattr(made, f.name) == f.default == (None if spec.has_off and spec.default == spec.off
+                                                          else spec.default), f.name
+            if f.name in by_hand:
+                assert f.default == by_hand[f.name], f.name
+    with pytest.raises(TypeError, match="must not declare fields"):
+        from jaxrl.config.field import schema_dataclass
+
+        @schema_dataclass(config_lib.FIELDS, "loss")
+        class Twice:  # noqa: F841 - a second default for eps_clip_high
+            eps_clip_high: float = 0.2
+
+
+def test_one_validator_per_key_config_and_dataclass_agree():
+    """The config check and the dataclass check of a key are the same Field: a value rejected by
+    one is rejected by the other, for the bounds of eps_clip_high [0, 10] and eps_clip_low [0, 1)."""
+    for key, attr, good, bad in (("eps_clip_high", "eps_clip_high", (0.0, 0.28, 10.0), (-0.1, 10.5)),
+                                 ("eps_clip_low", "eps_clip_low", (0.0, 0.2), (1.0, -0.01))):
+        for v in good:
+            LossConfig(**{attr: v})
+            c = config_lib.base_config()
+            _set(c, key, v)
+            config_lib.validate(c)
+        for v in bad:
+            with pytest.raises(ValueError, match=attr):
+                LossConfig(**{attr: v})
+            c = config_lib.base_config()
+            _set(c, key, v)
+            with pytest.raises(ConfigError, match=f"trainer.algorithm.{key}"):
+                config_lib.validate(c)
 
 
 @pytest.mark.parametrize("key", sorted(CHANGES))
@@ -87,11 +141,10 @@ def test_each_key_reaches_its_field(key):
     if PAIRED.get(key):
         _set(c, PAIRED[key], CHANGES[PAIRED[key]][0])
     config_lib.validate(c)
-    table = config_lib.LOSS_CONFIG_KEYS if key in config_lib.LOSS_CONFIG_KEYS else config_lib.ADVANTAGE_CONFIG_KEYS
-    built = (config_lib.loss_config if table is config_lib.LOSS_CONFIG_KEYS else config_lib.advantage_config)(c)
-    field = table[key][0]
+    cls, field, build = _objective_field(key)
+    built = build(c)
     assert getattr(built, field) == expected
-    default = getattr((LossConfig if table is config_lib.LOSS_CONFIG_KEYS else AdvantageConfig)(), field)
+    default = getattr(cls(), field)
     assert getattr(built, field) != default or key == "use_kl_loss", key  # the change is not the default
 
 

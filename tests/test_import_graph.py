@@ -45,7 +45,7 @@ COMMAND_MODULES = frozenset({
     "jaxrl.evaluate",  # python -m jaxrl.evaluate
     "jaxrl.chat",  # python -m jaxrl.chat
     "jaxrl.tasks",  # python -m jaxrl.tasks: terminal-task checks
-    "jaxrl.config_cli",  # python -m jaxrl.config show|diff (jaxrl/config.py's __main__ block calls it)
+    "jaxrl.config_cli",  # python -m jaxrl.config show|diff (jaxrl/config/__main__.py's __main__ block calls it)
 })
 MAIN_SUFFIX = ":__main__"  # the node of a module's `if __name__ == "__main__":` block, also a command
 
@@ -193,9 +193,10 @@ def test_modules_found():
     graph = import_graph()
     assert {"jaxrl", "jaxrl.config", "jaxrl.cli", "jaxrl.envs.base", "jaxrl.train.trainer"} <= set(graph)
     assert not any(m.startswith("jaxrl.assets") for m in graph)
-    # `python -m jaxrl.config` runs config_cli.main from config.py's __main__ block: an edge of that block only
-    assert "jaxrl.config_cli" in graph["jaxrl.config" + MAIN_SUFFIX]
-    assert "jaxrl.config_cli" not in graph["jaxrl.config"]
+    # `python -m jaxrl.config` runs config_cli.main from jaxrl/config/__main__.py's __main__ block: an edge of
+    # that block only; neither the package nor its __main__ module imports the command
+    assert "jaxrl.config_cli" in graph["jaxrl.config.__main__" + MAIN_SUFFIX]
+    assert "jaxrl.config_cli" not in graph["jaxrl.config"] and "jaxrl.config_cli" not in graph["jaxrl.config.__main__"]
     assert COMMAND_MODULES <= set(graph), COMMAND_MODULES - set(graph)
 
 

@@ -18,6 +18,9 @@ MAX_SEQ_LEN = 64
 
 def cfg(**kw):
     kw.setdefault("max_seq_len", MAX_SEQ_LEN)
+    # The references below clip at 1 + 0.2 unless a test says otherwise (SkyRL's symmetric clip);
+    # LossConfig's own default is the config key's, 0.05 (jaxrl/config/algorithm.py).
+    kw.setdefault("eps_clip_high", 0.2)
     return rl.LossConfig(**kw)
 
 

@@ -10,7 +10,7 @@ from jaxrl import rl
 
 
 def run(lp, old, mu, a, m, **options):
-    config = rl.LossConfig(**options)
+    config = rl.LossConfig(**{"eps_clip_high": 0.2, **options})  # the eps = 0.2 of the docstrings below
     args = [jnp.asarray(np.asarray(x, np.float32)) for x in (lp, old, a, m)]
     w = rl.compute_loss_weights(args[3], config)
     return rl.micro_batch_loss(*args, w, config, rollout_logprobs=jnp.asarray(np.asarray(mu, np.float32)))

@@ -37,13 +37,14 @@ Differences from SkyRL (skyrl_train `ppo_utils` advantage estimators), all delib
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl.config.algorithm import ALGORITHM
+from jaxrl.config.field import schema_dataclass
 from jaxrl.rl import registry
 from jaxrl.rl.registry import get_advantage_estimator, register_advantage_estimator
 
@@ -52,9 +53,12 @@ MAXRL_EPSILON = 1e-6  # SkyRL's epsilon in (mean + eps)
 WHITEN_EPSILON = 1e-8  # SkyRL masked_whiten: (x - mean) * rsqrt(var + 1e-8)
 
 
-@dataclasses.dataclass(frozen=True)
+@schema_dataclass(ALGORITHM, "advantage")
 class AdvantageConfig:
     """Options of the advantage estimators (hashable, so it can be a static jit argument).
+
+    Its fields, defaults and per-field checks are the `trainer.algorithm` keys declared with owner
+    "advantage" in jaxrl/config/algorithm.py (`schema_dataclass`); none is declared here.
 
     Attributes:
       advantage_estimator: registry name: "rloo", "rloo_n", "grpo", "maxrl", "reinforce_pp" (alias
@@ -68,23 +72,6 @@ class AdvantageConfig:
       lambd: GAE's λ in [0, 1] (bias/variance trade-off; 1 = Monte-Carlo returns minus V, 0 = one-step
         TD); SkyRL `lambd`, default 1.
     """
-
-    advantage_estimator: str = "rloo_n"
-    grpo_norm_by_std: bool = True
-    group_advantage_min_size: int = 2
-    gamma: float = 1.0
-    lambd: float = 1.0
-
-    def __post_init__(self):
-        if not isinstance(self.group_advantage_min_size, int) or self.group_advantage_min_size < 2:
-            raise ValueError(
-                f"group_advantage_min_size must be an int >= 2 (RLOO needs at least one other "
-                f"eligible member for the baseline), got {self.group_advantage_min_size!r}."
-            )
-        for name in ("gamma", "lambd"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {value!r}.")
 
 
 def _validate(rewards, group_ids, baseline_mask):

@@ -5,22 +5,30 @@ names), their accepted values and clamps, and the two questions the trainer asks
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Optional
+from typing import Optional  # noqa: F401  (the generated fields' annotations name it)
+
+from jaxrl.config.algorithm import ALGORITHM
+from jaxrl.config.field import schema_dataclass
 
 LOG_RATIO_CLAMP = 20.0  # SkyRL safe_exp_delta
 GSPO_LOG_WEIGHT_MAX = 10.0
-KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
-TIS_RATIO_TYPES = (None, "token", "sequence")
-SEQUENCE_MASK_METRICS = (None, "geometric", "product")
-CISPO_ANCHORS = ("old", "rollout")
+_CHOICES = {f.attr: f.choices for f in ALGORITHM if f.owner == "loss"}
+KL_ESTIMATORS = _CHOICES["kl_estimator_type"]
+TIS_RATIO_TYPES = (None, *_CHOICES["tis_ratio_type"])
+SEQUENCE_MASK_METRICS = (None, *_CHOICES["sequence_mask_metric"])
+CISPO_ANCHORS = _CHOICES["cispo_anchor"]
 
 
-@dataclasses.dataclass(frozen=True)
+@schema_dataclass(ALGORITHM, "loss")
 class LossConfig:
     """Options of the policy objective (hashable: pass it as a static jit argument).
 
-    Names follow SkyRL's `trainer.algorithm.*` keys so recipes port over.
+    Its fields are the `trainer.algorithm` keys declared with owner "loss" in
+    jaxrl/config/algorithm.py: each field's type, default (the config default; an "off" value is
+    None here) and bounds or choices are that declaration's, checked by `Field.problem_with`
+    before the cross-field checks below. Names follow SkyRL's `trainer.algorithm.*` keys so
+    recipes port over; the field of `trainer.algorithm.sapo.tau_pos` is `sapo_tau_pos`, of
+    `clip_cov.clip_ratio` `clip_cov_ratio`, of any other key its last part.
 
     Attributes:
       policy_loss_type: registry name: "regular", "dual_clip", "gspo", "cispo", "sapo", "clip_cov",
@@ -65,41 +73,7 @@ class LossConfig:
         [product_mask_low, product_mask_high]).
     """
 
-    policy_loss_type: str = "regular"
-    loss_reduction: str = "token_mean"
-    max_seq_len: Optional[int] = None
-    eps_clip_low: float = 0.2
-    eps_clip_high: float = 0.2
-    clip_ratio_c: float = 3.0
-    cispo_eps_clip_low: float = 1.0
-    cispo_eps_clip_high: float = 4.0
-    cispo_anchor: str = "old"
-    sapo_tau_pos: float = 1.0
-    sapo_tau_neg: float = 1.05
-    clip_cov_ratio: float = 2e-4
-    clip_cov_lb: float = 1.0
-    clip_cov_ub: float = 5.0
-    kl_cov_frac: float = 0.2
-    ppo_kl_coef: float = 1.0
-    use_kl_loss: bool = True
-    kl_loss_coef: float = 0.0
-    kl_estimator_type: str = "k3"
-    entropy_loss_coef: float = 0.0
-    tis_ratio_type: Optional[str] = None
-    token_tis_ratio_clip_high: float = 2.0
-    sequence_tis_ratio_clip_high: float = 5.0
-    only_untruncated: bool = False
-    outlier_token_is_threshold_low: Optional[float] = None
-    outlier_token_is_threshold_high: Optional[float] = None
-    token_mask_is_threshold_low: Optional[float] = None
-    token_mask_is_threshold_high: Optional[float] = None
-    sequence_mask_metric: Optional[str] = None
-    geo_mask_low: float = 0.99
-    geo_mask_high: float = 1.01
-    product_mask_low: float = 0.5
-    product_mask_high: float = 2.0
-
-    def __post_init__(self):
+    def __post_init__(self):  # after every field's own check (`schema_dataclass`)
         if self.loss_reduction == "seq_mean_token_sum_norm_global":
             object.__setattr__(self, "loss_reduction", "seq_mean_token_sum_norm")
         if self.loss_reduction == "seq_mean_token_sum_norm":
@@ -108,46 +82,12 @@ class LossConfig:
                     "loss_reduction='seq_mean_token_sum_norm' needs max_seq_len: set it to the "
                     "constant sequence budget (e.g. the model context length), not the padded width."
                 )
-        if self.max_seq_len is not None and (
-            isinstance(self.max_seq_len, bool) or not isinstance(self.max_seq_len, int) or self.max_seq_len < 1
-        ):
-            raise ValueError(f"max_seq_len must be a positive int, got {self.max_seq_len!r}.")
-        if not 0.0 <= self.eps_clip_low < 1.0:
-            raise ValueError(f"eps_clip_low must be in [0, 1), got {self.eps_clip_low}.")
-        if self.eps_clip_high < 0.0:
-            raise ValueError(f"eps_clip_high must be >= 0, got {self.eps_clip_high}.")
-        if self.clip_ratio_c <= 1.0:
-            raise ValueError(f"clip_ratio_c must be > 1, got {self.clip_ratio_c}.")
-        if not 0.0 <= self.cispo_eps_clip_low <= 1.0 or self.cispo_eps_clip_high < 0.0:
-            raise ValueError(
-                "cispo_eps_clip_low must be in [0, 1] and cispo_eps_clip_high >= 0, got "
-                f"{self.cispo_eps_clip_low}, {self.cispo_eps_clip_high}."
-            )
-        _check_choice("cispo_anchor", self.cispo_anchor, CISPO_ANCHORS)
-        _check_choice("kl_estimator_type", self.kl_estimator_type, KL_ESTIMATORS)
-        _check_choice("tis_ratio_type", self.tis_ratio_type, TIS_RATIO_TYPES)
-        _check_choice("sequence_mask_metric", self.sequence_mask_metric, SEQUENCE_MASK_METRICS)
         if (self.token_mask_is_threshold_low is None) != (self.token_mask_is_threshold_high is None):
             raise ValueError(
                 "token_mask_is_threshold_low and token_mask_is_threshold_high must be set together."
             )
-        if self.token_tis_ratio_clip_high <= 0 or self.sequence_tis_ratio_clip_high <= 0:
-            raise ValueError("token_tis_ratio_clip_high and sequence_tis_ratio_clip_high must be > 0.")
-        if self.sapo_tau_pos <= 0 or self.sapo_tau_neg <= 0:
-            raise ValueError(f"sapo_tau_pos and sapo_tau_neg must be > 0, got {self.sapo_tau_pos}, {self.sapo_tau_neg}.")
-        if not 0.0 < self.clip_cov_ratio <= 1.0:
-            raise ValueError(f"clip_cov_ratio must be in (0, 1], got {self.clip_cov_ratio}.")
         if not self.clip_cov_lb < self.clip_cov_ub:
             raise ValueError(f"clip_cov_lb must be < clip_cov_ub, got {self.clip_cov_lb}, {self.clip_cov_ub}.")
-        if not 0.0 < self.kl_cov_frac <= 1.0:
-            raise ValueError(f"kl_cov_frac must be in (0, 1], got {self.kl_cov_frac}.")
-        if self.ppo_kl_coef < 0.0:
-            raise ValueError(f"ppo_kl_coef must be >= 0, got {self.ppo_kl_coef}.")
-        for name in ("outlier_token_is_threshold_low", "outlier_token_is_threshold_high",
-                     "token_mask_is_threshold_low", "token_mask_is_threshold_high"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be > 0 (a bound on the ratio π_old/μ) or None, got {value}.")
         for low, high in (("outlier_token_is_threshold_low", "outlier_token_is_threshold_high"),
                           ("token_mask_is_threshold_low", "token_mask_is_threshold_high"),
                           ("geo_mask_low", "geo_mask_high"), ("product_mask_low", "product_mask_high")):
@@ -173,6 +113,7 @@ class LossConfig:
 
 
 def _check_choice(field, value, choices):
+    """Raises ValueError unless `value` is one of `choices` (kl_penalty's estimator argument)."""
     if value not in choices:
         raise ValueError(f"{field} must be one of {choices}, got {value!r}.")
 

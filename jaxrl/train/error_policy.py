@@ -28,11 +28,13 @@ import logging
 import time
 from typing import Callable, Sequence
 
+from jaxrl.config.field import schema_dataclass
+from jaxrl.config.schema import FIELDS, FIELDS_BY_KEY, get_value
 from jaxrl.envs.harbor.outcomes import Outcome
 
 log = logging.getLogger(__name__)
 
-TREATMENTS = ("mask", "passthrough", "zero")
+TREATMENTS = FIELDS_BY_KEY["harbor.error_policy.default"].choices  # ("mask", "passthrough", "zero")
 
 HARBOR_EXCEPTIONS: dict[str, tuple[str, ...]] = {
     "sandbox_error": ("DaytonaError", "EnvironmentStartTimeoutError", "NetworkError", "ConnectionError",
@@ -65,21 +67,16 @@ def error_class(name: str) -> str:
     return _BY_NAME[name]
 
 
-@dataclasses.dataclass(frozen=True)
+@schema_dataclass(FIELDS, "error_policy")
 class ErrorPolicy:
-    """The error policy (module docstring); lists hold outcome or Harbor exception names."""
+    """The error policy (module docstring); lists hold outcome or Harbor exception names.
 
-    mask: tuple = ()
-    passthrough: tuple = ("agent_timeout",)
-    zero: tuple = ()
-    default: str = "zero"
-    no_retry: tuple = ()
-    max_retries: int = 0
-    min_wait_sec: float = 1.0
-    max_wait_sec: float = 60.0
-    wait_multiplier: float = 1.0
+    Its fields (mask, passthrough, zero, default, no_retry, max_retries, min_wait_sec,
+    max_wait_sec, wait_multiplier), their defaults and per-field checks are the
+    `harbor.error_policy.*` keys of the config schema (jaxrl/config/schema.py); none is declared here.
+    """
 
-    def __post_init__(self):
+    def __post_init__(self):  # after every field's own check
         seen: dict[str, str] = {}
         for treatment in TREATMENTS:
             for name in getattr(self, treatment):
@@ -89,8 +86,6 @@ class ErrorPolicy:
                 seen[cls] = treatment
         for name in self.no_retry:
             error_class(name)
-        if self.default not in TREATMENTS:
-            raise ValueError(f"default treatment {self.default!r}: use one of {list(TREATMENTS)}")
         if not (isinstance(self.max_retries, int) and self.max_retries >= 0):
             raise ValueError(f"max_retries {self.max_retries!r}: use an integer >= 0")
         if not (0 <= self.min_wait_sec <= self.max_wait_sec) or self.wait_multiplier < 0:
@@ -98,10 +93,10 @@ class ErrorPolicy:
 
     @classmethod
     def from_config(cls, ep) -> "ErrorPolicy":
-        """From the `harbor.error_policy` ConfigDict."""
-        return cls(mask=tuple(ep.mask), passthrough=tuple(ep.passthrough), zero=tuple(ep.zero), default=str(ep.default),
-                   no_retry=tuple(ep.no_retry), max_retries=int(ep.max_retries), min_wait_sec=float(ep.min_wait_sec),
-                   max_wait_sec=float(ep.max_wait_sec), wait_multiplier=float(ep.wait_multiplier))
+        """From the `harbor.error_policy` ConfigDict (each field read from its schema key's last part).
+        Raises: ValueError (a field outside its Field, or the checks above)."""
+        fields = dataclasses.fields(cls)
+        return cls(**{f.name: f.metadata["schema"].to_object(get_value(ep, f.metadata["schema"].leaf)) for f in fields})
 
     def treatment(self, cls: str) -> str:
         """The treatment of error class `cls` ("" for ok)."""

@@ -270,15 +270,18 @@ def _short(value, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def resume_mismatch_message(workdir: str, old: dict, new: dict) -> Optional[str]:
+def resume_mismatch_message(workdir: str, old: dict, new: dict, defaults: Optional[dict] = None) -> Optional[str]:
     """The one-line error for resuming the run in `workdir` (flat config `old`, its rl_config.json)
     with another flat config `new`, or None when they match (keys in `RESUMABLE_CHANGES` may differ).
 
-    Lists every differing key as `key old -> new`: first the keys both configs have (what a
-    command-line override or another recipe changes), then the keys only one has (another jaxrl
-    version; an absent key matches None, as a key added with default None does not stop a resume),
-    each group in key order."""
-    diff = [k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUMABLE_CHANGES]
+    A key absent from `old` was added after that run's jaxrl version: it matches when `new` has its
+    default (`defaults`, the flat base config: a key is added with the default that keeps the older
+    behaviour), and None when `defaults` is not given. Lists every differing key as `key old -> new`:
+    first the keys both configs have (what a command-line override or another recipe changes), then
+    the keys only one has (another jaxrl version), each group in key order."""
+    defaults = defaults or {}
+    diff = [k for k in set(old) | set(new) if old.get(k, defaults.get(k)) != new.get(k)
+            and k not in RESUMABLE_CHANGES]
     if not diff:
         return None
     both = sorted(k for k in diff if k in old and k in new)
@@ -308,7 +311,8 @@ def check_resume_config(c, workdir: str, write: bool) -> None:
                                "restore the file, delete it to resume under the config of this command, "
                                "or use a new --workdir")
         old.pop("_derived", None)  # notes derived from the config (below), not config keys
-        message = resume_mismatch_message(workdir, _flatten(old), _flatten(new))
+        defaults = _flatten(config_lib.to_json_dict(config_lib.base_config()))
+        message = resume_mismatch_message(workdir, _flatten(old), _flatten(new), defaults)
         if message:
             raise config_lib.ConfigError(message)
     if write:

@@ -171,3 +171,30 @@ def test_replacing_the_advantage_stage_changes_exactly_its_output():
         assert {k: float(v) for k, v in got.items()} == {k: float(v) for k, v in want.items()}
     jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), u1.params, direct.params)
     assert float(u0.step_metrics[0]["policy_loss"]) != float(u1.step_metrics[0]["policy_loss"])
+
+
+def test_the_architecture_walk_follows_rl_step_through_at_most_15_files():
+    """docs/architecture.md §1 "The walk": its table lists the stages in the order `rl_step` calls
+    them (read from the source), and every file its table names is one of the at most 15 files
+    the walk says it touches."""
+    import ast
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    src = (root / "jaxrl/train/rl_step.py").read_text()
+    fn = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "rl_step")
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and isinstance(n.func.value, ast.Name) and n.func.value.id == "stages"]
+    called = [n.func.attr for n in sorted(calls, key=lambda n: (n.lineno, n.col_offset))]
+    assert called == STAGE_ORDER
+    doc = (root / "docs/architecture.md").read_text()
+    walk = doc[doc.index("### The walk"):doc.index("Beneath the walk")]
+    table = [line for line in walk.splitlines() if line.startswith("| `")]
+    assert [re.match(r"\| `(\w+)`", line).group(1) for line in table] == STAGE_ORDER
+    declared_text = walk[:walk.index("| stage |")]
+    declared = set(re.findall(r"`(jaxrl/[\w/]+\.py)`", declared_text))
+    named = set(re.findall(r"`(jaxrl/[\w/]+\.py):[\w.]+`", "\n".join(table)))
+    assert len(declared) <= 15 and "15 files" in declared_text
+    assert named <= declared, named - declared
+    assert named == declared, declared - named  # the list says no more than the table shows

@@ -49,8 +49,8 @@ def pack_trajectories(trajs: list[Trajectory], advantages: Optional[np.ndarray],
 
     Row i holds prompt_ids + response_ids; response token j sits at position P + j and is
     predicted at target index P + j - 1, which is where its loss_mask, rollout logprob and the
-    trajectory's advantage go (`advantages [N]`, or None for zeros: the learner fills them in after
-    its forward passes, `advantage_stage`). The advantage estimators' inputs: `token_rewards` (the
+    trajectory's advantage go (`advantages [N]`, or None for zeros: the step's advantage stage
+    computes them after the forward passes, `rl_step.RLStages.compute_advantages`). The advantage estimators' inputs: `token_rewards` (the
     trajectory's reward on its last generated token), `response_mask` (1 on every response token,
     generated or observation) and `group_ids [N]`.
 

@@ -83,7 +83,7 @@ def plan(c, num_devices: int, seq_len: int, attention: str = "xla") -> dict:
     mesh = parallel.make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, devices=jax.devices()[:num_devices])
     abstract = qwen3.abstract_params(model_cfg)
     psh = parallel.param_shardings(qwen3.param_logical_axes(model_cfg), mesh, shapes=abstract)
-    from jaxrl.train.trainer import loss_config
+    from jaxrl.config import loss_config
 
     a = c.trainer.algorithm
     loss_cfg = loss_config(c)

@@ -168,14 +168,23 @@ def test_learner_update_with_critic_kl_in_reward_and_a_covariance_loss():
     batch = trainer.pack_trajectories(trajs, None, (16,))
     embed0 = np.asarray(params["embed_tokens"]).copy()
     head0 = np.asarray(learner.critic.params[critic_model.VALUE_HEAD]["kernel"]).copy()
-    params, opt, step_metrics, diffs, timings, stage, rows = learner.update(params, opt, batch, ref, row_diffs=True,
-                                                                             step=1, kl_coef=0.1)
-    m = stage["metrics"]
+    # the RL step's three learner-side stages, in order (rl_step.RLStages: compute_logprobs,
+    # compute_advantages, optimize)
+    fwd = learner.forward(params, batch, ref, row_diffs=True)
+    with jax.set_mesh(mesh):
+        adv, ret, per_traj, m = advantage_stage.step_advantages(
+            batch, learner.adv_cfg, values=fwd.gather("old_values"), old_logprobs=fwd.gather("old_logprobs"),
+            ref_logprobs=fwd.gather("ref_logprobs"), kl_coef=0.1, kl_estimator=a.kl_estimator_type)
+    update = learner.optimize(params, opt, fwd, adv, ret, step=1)
+    params, step_metrics, diffs, rows = update.params, update.step_metrics, fwd.diffs, fwd.row_diffs
+    timings = {**fwd.timings, **update.timings}
+    stage = {"per_trajectory": per_traj}
+    m = {**m, **update.critic_metrics}
     # the async modes' per-row trainer-vs-engine gap, next to the critic and the advantage stage:
     # one entry per packed row, its loss tokens counted by hand, its gaps summing to the mini-batch totals
     np.testing.assert_array_equal(rows[1], batch["loss_mask"].sum(1))
     np.testing.assert_allclose(rows[0].sum(), sum(float(d[0]) for d in diffs), rtol=1e-5)
-    assert len(step_metrics) == 2 and {"fwd_values", "critic_train", "advantages"} <= set(timings)
+    assert len(step_metrics) == 2 and {"fwd_values", "critic_train", "policy_train"} <= set(timings)
     # π_old = π_ref at the start: the KL penalty is 0 (k3 of equal logprobs), so the rewards are the outcomes
     assert m["loss/avg_kl"] < 1e-6 and m["loss/kl_loss_coef"] == 0.1
     # V_old = 0 (zero head): GAE with γ = λ = 1 gives raw A_t = reward-to-go = the outcome on every

@@ -12,7 +12,6 @@ import numpy as np
 
 from jaxrl.buckets import round_up
 from jaxrl.envs import Trajectory
-from jaxrl.rl import advantages as adv_lib
 
 # Trajectories that end with these stop reasons leave the loss: `env_error` (the environment
 # failed, the reward says nothing about the policy) and `invalid_output` (the engine returned
@@ -50,8 +49,8 @@ def pack_trajectories(trajs: list[Trajectory], advantages: Optional[np.ndarray],
 
     Row i holds prompt_ids + response_ids; response token j sits at position P + j and is
     predicted at target index P + j - 1, which is where its loss_mask, rollout logprob and the
-    trajectory's advantage go (`advantages [N]`, or None for zeros: the learner fills them in after
-    its forward passes, `advantage_stage`). The advantage estimators' inputs: `token_rewards` (the
+    trajectory's advantage go (`advantages [N]`, or None for zeros: the step's advantage stage
+    computes them after the forward passes, `rl_step.RLStages.compute_advantages`). The advantage estimators' inputs: `token_rewards` (the
     trajectory's reward on its last generated token), `response_mask` (1 on every response token,
     generated or observation) and `group_ids [N]`.
 
@@ -93,17 +92,3 @@ def pack_trajectories(trajs: list[Trajectory], advantages: Optional[np.ndarray],
                 rollout_logprobs=rollout_lp, advantages=adv, is_truncated=is_truncated,
                 sequence_mask=~np.array(excluded, bool), token_rewards=token_rewards, response_mask=response_mask,
                 group_ids=np.array([t.group_id for t in trajs], np.int32))
-
-
-def training_batch(trajs: list[Trajectory], adv_cfg: adv_lib.AdvantageConfig, buckets):
-    """Rewards `[N]` float32, per-trajectory advantages `[N]` float32 (the mean over each one's
-    loss tokens) and the packed batch of one step's trajectories, for an estimator that needs no
-    critic (`advantage_stage.step_advantages`; the trainer runs that stage in the learner, after
-    its forward passes). Excluded trajectories (`is_excluded`) are left out of the advantage
-    baselines and of the loss (`pack_trajectories`)."""
-    from jaxrl.train import advantage_stage
-
-    rewards = np.array([t.reward for t in trajs], np.float32)
-    batch = pack_trajectories(trajs, None, buckets)
-    batch["advantages"], _, per_traj, _ = advantage_stage.step_advantages(batch, adv_cfg)
-    return rewards, per_traj, batch

@@ -1,15 +1,17 @@
-"""The learner: the compiled functions of the policy update and one RL step's update on the mesh.
+"""The learner: the compiled functions of the policy update, and the two stages of an RL step
+that run them on the mesh (docs/architecture.md §1):
 
-`Learner.update` takes the packed batch of a step (host arrays, identical on every process),
-cuts it into mini-batches on the host, computes each mini-batch's `old_logprobs` (and
+`Learner.forward` cuts the step's packed batch (host arrays, identical on every process) into
+mini-batches, places them on the mesh and computes each one's `old_logprobs` (and
 `ref_logprobs`, and with a critic its values) before any update with the same partition as
-training (SkyRL's `recompute_old_logprobs_per_minibatch`), computes the step's advantages and
-returns (`advantage_stage`: every estimator, the KL-in-reward penalty), then runs
-`update_epochs_per_batch` passes over the mini-batches in a fixed order, one optimizer step each
-(`step.train_step`), followed by the critic's (`critic_learner`) on the same mini-batches.
+training (SkyRL's `recompute_old_logprobs_per_minibatch`). The step's advantages are computed
+between the two, over the whole step (`rl_step.RLStages.compute_advantages`). `Learner.optimize`
+then runs `update_epochs_per_batch` passes over the mini-batches in a fixed order, one optimizer
+step each (`step.train_step`), followed by the critic's (`critic_learner`) on the same mini-batches.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Optional
 
@@ -19,12 +21,10 @@ import numpy as np
 
 from jaxrl import config as config_lib
 from jaxrl import parallel
-from jaxrl.config import loss_config  # noqa: F401  (re-exported: the trainer's objective)
 from jaxrl.envs import DEFAULT_POLICY_DIR
 from jaxrl.models import qwen3
 from jaxrl.rl import losses, reductions
 from jaxrl.rl.loss_config import LossConfig
-from jaxrl.train import advantage_stage
 from jaxrl.train import step as step_lib
 from jaxrl.train.critic_learner import CriticLearner
 from jaxrl.train.multihost import global_array
@@ -188,36 +188,28 @@ class Learner:
                                   self.opt_sharding)
         return abstract_p, abstract_o
 
-    def update(self, params, opt_state, batch: dict[str, np.ndarray], ref_params=None, row_diffs: bool = False, *,
-               step: int = 0, kl_coef: Optional[float] = None):
-        """One RL step's update on the packed batch `batch` (`batching.pack_trajectories`).
+    def forward(self, params, batch: dict[str, np.ndarray], ref_params=None, row_diffs: bool = False) -> "ForwardPass":
+        """The forward passes of one RL step, before any update, with the partition of training.
 
-        Order: every mini-batch's old logprobs (and reference logprobs, and the critic's values)
-        before any update; then the advantage stage over the whole step (`advantage_stage`: the
-        KL-in-reward penalty with beta `kl_coef`, the estimator, returns); then the policy's
-        optimizer steps, then the critic's, on the same mini-batches and micro-batches.
+        Cuts the packed batch (`batching.pack_trajectories`, host arrays identical on every
+        process) into `num_minibatches` mini-batches of `mini_rows` rows, places each on the mesh
+        (`multihost.global_array`) and computes its `old_logprobs` log π_old (and `ref_logprobs`
+        log π_ref when a reference model is needed, `old_values` V_old with a critic), each
+        `[mini_rows, T-1]` float32 (SkyRL's `recompute_old_logprobs_per_minibatch`).
 
-        Args: row_diffs: also return the per-row trainer-vs-engine logprob gap (the async modes'
-          `async/logprob_diff_mean_staleness_<k>`); step: the RL step (seeds clip_cov's draw);
-          kl_coef: the KL-in-reward beta, None when `use_kl_in_reward` is off.
-        Returns: (params, opt_state, step_metrics, diffs, timings, stage, rows): `step_metrics` one
-        dict of host floats per policy optimizer step; `diffs` one `logprob_diff` triple per
-        mini-batch; `timings` {"fwd_logprobs", "advantages", "policy_train", and with a critic
-        "fwd_values", "critic_train"} in seconds; `stage` {"per_trajectory": [N] advantages,
-        "metrics": the stage's and the critic's run-log metrics}; `rows` None, or with `row_diffs`
-        the `row_logprob_diff` pair over the whole batch (`[N]` numpy each).
+        Args: params: the policy; ref_params: the reference policy (needed iff
+          `needs_reference`); row_diffs: also compute the per-row trainer-vs-engine gap (the async
+          modes' `async/logprob_diff_mean_staleness_<k>`).
+        Returns: a `ForwardPass` (timings "fwd_logprobs", with a critic "fwd_values").
         """
-        timings: dict[str, Any] = {}
-        c = self.c
-        # Mini-batches are cut on the host; each becomes global arrays, and its old (and reference)
-        # logprobs are computed before any update, with the same partition as training.
+        timings: dict[str, float] = {}
         t0 = time.perf_counter()
         with jax.set_mesh(self.mesh):
-            minis, diffs, rows = [], [], []
+            minis, masks, diffs, rows = [], [], [], []
             for mb in range(self.num_minibatches):
                 sl = slice(mb * self.mini_rows, (mb + 1) * self.mini_rows)
                 dev = {k: global_array(v[sl], self.mesh) for k, v in batch.items() if k not in HOST_ONLY}
-                sequence_mask = dev.pop("sequence_mask")
+                masks.append(dev.pop("sequence_mask"))
                 dev["old_logprobs"] = self._logprobs(params, dev["tokens"], dev["positions"], dev["segment_ids"])
                 if self.needs_reference:
                     dev["ref_logprobs"] = self._logprobs(ref_params, dev["tokens"], dev["positions"],
@@ -225,54 +217,105 @@ class Learner:
                 diffs.append(self._logprob_diff(dev["old_logprobs"], dev["rollout_logprobs"], dev["loss_mask"]))
                 if row_diffs:
                     rows.append(self._row_logprob_diff(dev["old_logprobs"], dev["rollout_logprobs"], dev["loss_mask"]))
-                minis.append((dev, sequence_mask))
+                minis.append(dev)
             jax.block_until_ready(minis)
             timings["fwd_logprobs"] = time.perf_counter() - t0
             if self.critic is not None:
                 t0 = time.perf_counter()
-                for dev, _ in minis:
+                for dev in minis:
                     dev["old_values"] = self.critic.values(dev["tokens"], dev["positions"], dev["segment_ids"])
                 jax.block_until_ready(minis)
                 timings["fwd_values"] = time.perf_counter() - t0
             diffs = jax.device_get(diffs)
             rows = (tuple(np.concatenate(x) for x in zip(*jax.device_get(rows))) if row_diffs else None)
+        return ForwardPass(minibatches=minis, sequence_masks=masks, diffs=diffs, row_diffs=rows, timings=timings)
 
-            # Advantages and returns over the whole step, then each mini-batch's loss weights.
+    def optimize(self, params, opt_state, fwd: "ForwardPass", advantages: np.ndarray, returns: np.ndarray, *,
+                 step: int = 0) -> "OptimizeResult":
+        """The optimizer steps of one RL step on the mini-batches of `fwd` (`forward`).
+
+        Places each mini-batch's advantages (and returns, with a critic) on the mesh, computes
+        its loss weights (`reductions.compute_loss_weights`: the reduction, and clip_cov /
+        kl_cov's token selection, whose draw is seeded by (`seed`, `step`, mini-batch)), then runs
+        `update_epochs_per_batch` passes over the mini-batches in a fixed order, one AdamW step
+        each (`step.train_step`: the gradient summed over its micro-batches), then the critic's
+        steps on the same mini-batches and weights.
+
+        Args: params, opt_state: the training state (donated); advantages, returns: `[N, T-1]`
+          float32 host arrays of the whole step (returns are read only with a critic); step: the
+          RL step.
+        Returns: an `OptimizeResult` (timings "policy_train", with a critic "critic_train").
+        """
+        timings: dict[str, float] = {}
+        c = self.c
+        with jax.set_mesh(self.mesh):
             t0 = time.perf_counter()
-            gather = lambda key: np.concatenate([to_host(dev[key]) for dev, _ in minis])  # noqa: E731
-            advantages, returns, per_traj, stage_metrics = advantage_stage.step_advantages(
-                batch, self.adv_cfg, values=gather("old_values") if self.critic is not None else None,
-                old_logprobs=gather("old_logprobs") if kl_coef is not None else None,
-                ref_logprobs=gather("ref_logprobs") if kl_coef is not None else None,
-                kl_coef=kl_coef, kl_estimator=c.trainer.algorithm.kl_estimator_type)
-            for mb, (dev, sequence_mask) in enumerate(minis):
+            weights = []
+            for mb, (dev, sequence_mask) in enumerate(zip(fwd.minibatches, fwd.sequence_masks)):
                 sl = slice(mb * self.mini_rows, (mb + 1) * self.mini_rows)
                 dev["advantages"] = global_array(advantages[sl], self.mesh)
                 if self.critic is not None:
                     dev["returns"] = global_array(returns[sl], self.mesh)
                 rng = jax.random.key(derive_seed(c.seed, step, 5, mb))  # clip_cov's random draw
-                minis[mb] = (dev, self._loss_weights(dev["loss_mask"], sequence_mask, dev["old_logprobs"],
-                                                     dev["advantages"], rng))
-            timings["advantages"] = time.perf_counter() - t0
-
-            t0 = time.perf_counter()
+                weights.append(self._loss_weights(dev["loss_mask"], sequence_mask, dev["old_logprobs"],
+                                                  dev["advantages"], rng))
             step_metrics: list[dict] = []
             for _ in range(c.trainer.update_epochs_per_batch):
-                for dev, weights in minis:
+                for dev, w in zip(fwd.minibatches, weights):
                     policy_batch = {k: v for k, v in dev.items() if k not in CRITIC_ONLY}
-                    params, opt_state, met = self._train_step(params, opt_state, policy_batch, weights)
+                    params, opt_state, met = self._train_step(params, opt_state, policy_batch, w)
                     step_metrics.append(met)
             step_metrics = jax.device_get(step_metrics)
             timings["policy_train"] = time.perf_counter() - t0
+            critic_out: dict[str, float] = {}
             if self.critic is not None:
                 t0 = time.perf_counter()
                 critic_metrics = []
                 for _ in range(c.trainer.update_epochs_per_batch):
-                    for dev, weights in minis:
-                        critic_metrics.append(self.critic.update({k: dev[k] for k in CRITIC_BATCH}, weights))
+                    for dev, w in zip(fwd.minibatches, weights):
+                        critic_metrics.append(self.critic.update({k: dev[k] for k in CRITIC_BATCH}, w))
                 critic_metrics = jax.device_get(critic_metrics)
                 timings["critic_train"] = time.perf_counter() - t0
                 for key, name in CRITIC_METRIC_NAMES.items():
                     if key in critic_metrics[0]:
-                        stage_metrics[name] = float(np.mean([float(x[key]) for x in critic_metrics]))
-        return params, opt_state, step_metrics, diffs, timings, {"per_trajectory": per_traj, "metrics": stage_metrics}, rows
+                        critic_out[name] = float(np.mean([float(x[key]) for x in critic_metrics]))
+        return OptimizeResult(params=params, opt_state=opt_state, step_metrics=step_metrics,
+                              critic_metrics=critic_out, timings=timings)
+
+
+@dataclasses.dataclass
+class ForwardPass:
+    """The step's mini-batches on the mesh with the forward passes done before any update
+    (`Learner.forward`).
+
+    Fields:
+      minibatches: per mini-batch a dict of global arrays of `mini_rows` rows: the packed batch's
+        device keys (`tokens, positions, segment_ids [R, T]`, `loss_mask, rollout_logprobs,
+        advantages [R, T-1]`, `is_truncated [R]`) and `old_logprobs [R, T-1]` float32, with
+        `ref_logprobs` and `old_values` when computed.
+      sequence_masks: per mini-batch its `[R]` bool `sequence_mask` (False = excluded row).
+      diffs: per mini-batch the `logprob_diff` triple (host floats).
+      row_diffs: None, or the `row_logprob_diff` pair over the whole batch (`[N]` numpy each).
+      timings: seconds of the forward passes ("fwd_logprobs", "fwd_values").
+    """
+    minibatches: list[dict]
+    sequence_masks: list
+    diffs: list
+    row_diffs: Optional[tuple] = None
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def gather(self, key: str) -> np.ndarray:
+        """The `[N, ...]` host array of `key` over all mini-batches (in full on every process)."""
+        return np.concatenate([to_host(dev[key]) for dev in self.minibatches])
+
+
+@dataclasses.dataclass
+class OptimizeResult:
+    """What `Learner.optimize` returns: the training state after the step's optimizer steps,
+    `step_metrics` (one dict of host floats per policy optimizer step), `critic_metrics` (the
+    `critic/*` run-log means over the critic's steps; {} without a critic) and `timings`."""
+    params: Any
+    opt_state: Any
+    step_metrics: list[dict]
+    critic_metrics: dict[str, float]
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)

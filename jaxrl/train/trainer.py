@@ -1,13 +1,11 @@
 """The RL loop (docs/architecture.md §1): rollouts through the sidecar fleet, advantages, PPO updates on the
 mesh, weight publication, evaluation, checkpoints, run logs, best-by-EMA selection and collapse
-handling. This module composes the others; one RL step is `Trainer._rl_step`:
+handling. This module builds the run's parts and runs the loop; one RL step is
+`rl_step.rl_step`, a flat sequence of named stages (`rl_step.RLStages`, replaceable by passing
+`stages=` a subclass):
 
-  rollouts.SyncRollouts.get (prompts.PromptSource.train_batch -> fleet.Fleet.generate), or
-  rollouts.AsyncRollouts.get (producer.RolloutProducer.take of groups generated ahead)
-  -> batching.pack_trajectories -> multihost.broadcast_from_main -> learner.Learner.update
-  (old logprobs, critic values, advantage_stage, policy and critic optimizer steps)
-  -> fleet.Fleet.publish -> learner.policy_metrics + step_stats.batch_metrics
-  -> metrics.RunLogger -> persistence.Checkpoints.save
+  collect_rollouts -> compute_logprobs -> compute_advantages -> update_kl_controller
+  -> optimize -> publish_weights -> compute_metrics -> evaluate -> log_metrics -> save_checkpoint
 
 Batch semantics follow SkyRL: a step takes `train_batch_size` prompts, each sampled
 `n_samples_per_prompt` times; `mini_batch_size` prompts (x n sequences) make one optimizer
@@ -41,34 +39,40 @@ from jaxrl.envs.chat import ChatTemplateOptionError, PromptFormat
 from jaxrl.fileio import output_dir_problem
 from jaxrl.models import hf_io, qwen3
 from jaxrl.rollout.types import SamplingParams
-from jaxrl.train import advantage_stage
 from jaxrl.train import evaluation
 from jaxrl.train import harbor as harbor_run
-from jaxrl.train.rollouts import AsyncRollouts, SyncRollouts, logprob_gap_by_staleness
+from jaxrl.train import rl_step as rl_step_lib
+from jaxrl.train.rollouts import AsyncRollouts, SyncRollouts
 from jaxrl.train import step as step_lib
 # Re-exported: the names callers used before the trainer was split into these modules.
-from jaxrl.train.batching import (EXCLUDED_STOP_REASONS, bucket_length, is_excluded,  # noqa: F401
-                                  pack_trajectories, training_batch)
+from jaxrl.train.batching import EXCLUDED_STOP_REASONS, bucket_length, is_excluded, pack_trajectories  # noqa: F401
 from jaxrl.train.fleet import Fleet, sidecar_error_text  # noqa: F401
-from jaxrl.train.learner import Learner, loss_config, policy_metrics
+from jaxrl.train.learner import Learner
 from jaxrl.train.metrics import RewardEMA, RunLogger, plot_rewards, write_report
-from jaxrl.train.multihost import all_processes_ok, broadcast_from_main, sync
+from jaxrl.train.multihost import all_processes_ok, sync
 from jaxrl.train.persistence import Checkpoints
 from jaxrl.train.prompts import PromptSource, derive_seed
+from jaxrl.train.rl_step import training_batch  # noqa: F401
 from jaxrl.train.report import NoLogger, Progress, report_text
 from jaxrl.train.rundir import (RESUMABLE_CHANGES, CheckpointError, RunDirError, TrainerState, WallClock,  # noqa: F401
                                 WorkdirLock, check_resume_config, maybe_kill, read_finished_summary, read_json_object)
-from jaxrl.train.step_stats import batch_metrics, decode_for_log, trial_rows
 
 
 class Trainer:
-    """Owns the model, optimizer, sidecars and logs of one run directory. Use `run(config, workdir)`."""
+    """Owns the model, optimizer, sidecars and logs of one run directory. Use `run(config, workdir)`.
 
-    def __init__(self, c, workdir: str, *, progress: bool = True):
+    Args:
+      c: the run config; workdir: the run directory; progress: show the progress display;
+      stages: the class of the RL step's stages (`rl_step.RLStages` or a subclass that replaces
+        some of them), called with the trainer.
+    """
+
+    def __init__(self, c, workdir: str, *, progress: bool = True, stages: Optional[type] = None):
         self.c = c
         self.workdir = os.path.abspath(workdir)
         self.progress = progress
         self.timings: dict[str, float] = {}
+        self.stages = (stages or rl_step_lib.RLStages)(self)
         # Multi-process runs (one process per host): process 0 drives the sidecars, rollouts,
         # evaluation and run logs; every process takes part in the sharded update, the weight
         # publication and the checkpoints. The run directory must be on a shared filesystem.
@@ -127,7 +131,7 @@ class Trainer:
         self.state_param_sharding = parallel.with_memory_kind(param_sharding, "pinned_host" if master_on_host else None)
 
         # Objective.
-        self.loss_cfg = loss_config(c)
+        self.loss_cfg = config_lib.loss_config(c)
         self.learner = Learner(c, self.model_cfg, self.mesh, param_sharding, self.state_param_sharding, self.loss_cfg)
 
         # Everything above only validates; from here on the run directory is written.
@@ -233,18 +237,6 @@ class Trainer:
                     "raise --config.data.max_prompt_length or remove the long prompts from the dataset")
 
     # -- weights, evaluation, checkpoints -------------------------------------------------------
-    def _publish(self, params, version: int, steps_done: Optional[int] = None) -> None:
-        """Publishes `params` as policy `version` (every process) and has the sidecars load it;
-        then tells the rollout producer (async modes) that `steps_done` steps are trained."""
-        t0 = time.perf_counter()
-        if self.rollouts is not None:
-            self.rollouts.before_load()
-        self.fleet.publish(self.learner.publishable(params), version)
-        self.state.policy_version = version
-        if self.rollouts is not None:
-            self.rollouts.after_load(version, self.state.step if steps_done is None else steps_done)
-        self.timings["sync_weights"] = time.perf_counter() - t0
-
     def evaluate(self, announce: str = "") -> dict[str, float]:
         """Held-out success rate (reward >= `trainer.success_threshold`) and mean reward of the
         served policy version (`evaluation.evaluate`; process 0 only: other processes, and runs
@@ -262,24 +254,10 @@ class Trainer:
         self._eval_result = result
         return result
 
-    def _save(self, step: int, params, opt_state) -> None:
-        t0 = time.perf_counter()
-        if self.is_async:  # process 0 knows the producer's position; every process saves the same state
-            snap = self.rollouts.snapshot(step) if self.rollouts is not None else (0, [])
-            flat = broadcast_from_main({"pos": np.array([snap[0], *snap[1]], np.int64)} if self.is_main else None)
-            self.state.async_next_prompt = int(flat["pos"][0])
-            self.state.async_pending = [int(k) for k in flat["pos"][1:]]
-            self.state.data_position = self.state.async_next_prompt - len(self.state.async_pending)
-        else:
-            self.state.data_position = step * self.c.trainer.train_batch_size
-        self.ckpt.save(step, params, opt_state, self.state, self.ema)
-        self.timings["save_checkpoints"] = time.perf_counter() - t0
-
     # -- main loop ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         c = self.c
         clock = WallClock(self.workdir)  # this launch's time, plus that of the run's earlier launches
-        t_run = clock.t0
         self.learner.build(self.state.lr_scale)
         latest = self.ckpt.store.latest_step()
         summary_path = os.path.join(self.workdir, "summary.json")
@@ -322,8 +300,9 @@ class Trainer:
                 if start >= c.trainer.num_steps:  # never train past num_steps: only the finish is left
                     print(f"jaxrl: step {start} reaches trainer.num_steps={c.trainer.num_steps}: nothing left to "
                           "train; finishing the run (evaluation, export, report)", file=sys.stderr)
-        logger = (RunLogger(self.workdir, resume_step=start if resumed is not None else None) if self.is_main
-                  else NoLogger())
+        logger = self.logger = (RunLogger(self.workdir, resume_step=start if resumed is not None else None)
+                                if self.is_main else NoLogger())
+        self.clock = clock
         if self.is_main:
             shutil.rmtree(self.fleet.sync_dir, ignore_errors=True)  # versions are republished from the checkpoint
             os.makedirs(self.fleet.sync_dir, exist_ok=True)
@@ -334,7 +313,7 @@ class Trainer:
             if self.is_main:
                 self.fleet.start()
             self.state.step = start
-            self._publish(params, self.state.policy_version)
+            self.stages.publish_weights(params, self.state.policy_version)
             if start == 0 and c.trainer.eval_before_train:
                 ev = self.evaluate(announce="the starting policy")
                 if ev:
@@ -351,27 +330,8 @@ class Trainer:
             bar.note("first step: generating, then compiling the train step")  # the slowest step of a launch
             step = start
             for step in range(start + 1, c.trainer.num_steps + 1):
-                params, opt_state, m, trials, is_best = self._rl_step(step, params, opt_state)
-                if c.trainer.eval_interval and step % c.trainer.eval_interval == 0 or step == c.trainer.num_steps:
-                    m.update(self.evaluate())
-                    m["timing/eval"] = self.timings.get("eval", 0.0)
-                    self._eval_step = step
-                phases = ("generate", "fwd_logprobs", "advantages", "policy_train", "sync_weights", "step")
-                phases += ("fwd_values", "critic_train") if self.learner.critic is not None else ()
-                phases += ("trainer_idle", "generator_idle") if self.is_async else ()
-                for k in phases:
-                    m[f"timing/{k}"] = self.timings.get(k, 0.0)
-                m["timing/elapsed"] = time.perf_counter() - t_run  # since this process started the run
-                # Logs first, then the checkpoint: a run killed in between resumes from the previous
-                # checkpoint and drops these rows, so logs never miss a step that a checkpoint covers.
-                logger.log_step(step, m)
-                logger.log_trials(step, trials)
-                if self.is_main:
-                    clock.save()
-                if ((is_best and c.trainer.save_on_new_best) or step % c.trainer.ckpt_interval == 0
-                        or step == c.trainer.num_steps):
-                    self._save(step, params, opt_state)
-                    logger.update_step(step, {"timing/save_checkpoints": self.timings["save_checkpoints"]})
+                result = self._rl_step(step, params, opt_state)
+                params, opt_state, m = result.params, result.opt_state, result.metrics.values
                 bar.update(step, m["reward/avg_raw_reward"], m["reward/ema"], self.timings["step"])
                 collapse = c.trainer.collapse
                 if collapse.enabled and self.ema.steps_below >= collapse.patience:
@@ -380,10 +340,10 @@ class Trainer:
                              f"{self.ema.steps_below} steps")
                     if collapse.action == "rollback" and self.state.rollbacks < collapse.max_rollbacks:
                         params, opt_state = self._rollback(step, event)
-                        self._save(step, params, opt_state)
+                        self.stages.checkpoint(step, params, opt_state)
                     else:
                         self.state.events.append(f"{event}; run stopped (collapse)")
-                        self._save(step, params, opt_state)
+                        self.stages.checkpoint(step, params, opt_state)
                         stopped_by_collapse = True
                         break
             bar.close()
@@ -401,62 +361,10 @@ class Trainer:
             self.ckpt.close()
         return summary
 
-    def _rl_step(self, step: int, params, opt_state):
-        """One RL step: rollouts (process 0), the update on every process, publication, metrics.
-        Returns (params, opt_state, metrics, trial rows, is_new_best_ema)."""
-        c = self.c
-        t_step = time.perf_counter()
-        trajs, extra, async_m = None, None, {}
-        if self.is_main:
-            trajs, extra, async_m, timings = self.rollouts.get(step, self.state.policy_version)
-            self.timings.update(timings)
-            rewards = np.array([t.reward for t in trajs], np.float32)
-            # Advantages come later, in the learner, after its forward passes (`advantage_stage`).
-            batch = pack_trajectories(trajs, None, c.trainer.seq_len_buckets)
-            host = dict(batch, rewards=rewards, staleness=np.array([e["staleness"] for e in extra], np.int64),
-                        dropped=np.array([async_m.get("async/dropped_stale", 0)], np.int64))
-        else:
-            host = None
-        host = broadcast_from_main(host)
-        rewards, staleness = host.pop("rewards"), host.pop("staleness")
-        self.state.dropped_stale_total += int(host.pop("dropped")[0])  # the same on every process
-        batch = host
-
-        a = c.trainer.algorithm
-        kl_coef = None  # use_kl_in_reward: the controller's beta, kl_loss_coef at the start
-        if a.use_kl_in_reward:
-            kl_coef = a.kl_loss_coef if self.state.kl_coef is None else self.state.kl_coef
-        params, opt_state, step_metrics, diffs, timings, stage, rows = self.learner.update(
-            params, opt_state, batch, self.ref_params, row_diffs=self.is_async, step=step, kl_coef=kl_coef)
-        advantages = stage["per_trajectory"]
-        if kl_coef is not None:
-            self.state.kl_coef = advantage_stage.next_kl_coef(c, kl_coef, stage["metrics"],
-                                                              int(batch["sequence_mask"].sum()))
-        self.timings.update(timings)
-        maybe_kill("train", step)
-        self.state.skipped_updates += int(sum(m["update_skipped"] for m in step_metrics))
-        self.state.step = step
-        self._publish(params, self.state.policy_version + 1, steps_done=step)
-
-        m: dict[str, Any] = policy_metrics(step_metrics)
-        m["policy/num_skipped_updates_total"] = self.state.skipped_updates
-        m.update(batch_metrics(c, step, trajs, rewards, advantages, batch, diffs, self.is_main))
-        m.update(stage["metrics"])  # loss/avg_raw_returns; KL in reward (loss/avg_kl...); critic/*
-        m["trainer/policy_version"] = self.state.policy_version
-        if self.is_async:
-            m.update(async_m)
-            m["async/dropped_stale_total"] = self.state.dropped_stale_total
-            m.update(logprob_gap_by_staleness(staleness, *rows))
-        ema, is_best = self.ema.update(step, float(rewards.mean()), drop=c.trainer.collapse.drop)
-        m["reward/ema"] = ema
-        if self.is_main and self.prompts.harbor is not None:
-            m.update(harbor_run.outcome_metrics(trajs))
-        self.timings["step"] = time.perf_counter() - t_step
-        trials = trial_rows(trajs, advantages, lambda ids: decode_for_log(self.chat.tokenizer, ids), extra)
-        if self.prompts.harbor is not None:  # the trial's outcome, durations, limits and its episode
-            for row, t in zip(trials, trajs or []):
-                row.update(harbor_run.trial_fields(t.info))
-        return params, opt_state, m, trials, is_best
+    def _rl_step(self, step: int, params, opt_state) -> rl_step_lib.StepResult:
+        """One RL step with this run's stages (`rl_step.rl_step`): rollouts, logprobs, advantages,
+        optimizer steps, publication, metrics, evaluation when due, logs, checkpoint when due."""
+        return rl_step_lib.rl_step(self.stages, step, params, opt_state)
 
     def _rollback(self, step: int, event: str):
         """Restores the best checkpoint (the initial policy with a fresh optimizer when no step has
@@ -476,7 +384,7 @@ class Trainer:
             if self.learner.critic is not None:
                 self.learner.critic.init()
         self.ema.steps_below = 0
-        self._publish(params, self.state.policy_version + 1)  # the next rollouts use the restored weights
+        self.stages.publish_weights(params, self.state.policy_version + 1)  # the next rollouts use the restored weights
         return params, opt_state
 
     def _eval_episodes(self, c) -> int:
@@ -507,7 +415,7 @@ class Trainer:
             if best == last_step and getattr(self, "_eval_version", None) == self.state.policy_version:
                 ev = self._eval_result  # the served weights are the best step's and were just evaluated
             else:
-                self._publish(params, self.state.policy_version + 1)
+                self.stages.publish_weights(params, self.state.policy_version + 1)
                 ev = self.evaluate()
             summary["best_eval"] = ev.get("eval/success_rate")
             if c.trainer.export_best:
@@ -526,8 +434,9 @@ class Trainer:
         return summary
 
 
-def run(c, workdir: str, progress: bool = True) -> dict[str, Any]:
-    """Validates `c`, then trains in `workdir` (resuming from its latest checkpoint if any).
+def run(c, workdir: str, progress: bool = True, stages: Optional[type] = None) -> dict[str, Any]:
+    """Validates `c`, then trains in `workdir` (resuming from its latest checkpoint if any), with
+    the RL step's stages `stages` (default `rl_step.RLStages`; see `Trainer`).
 
     Returns the run summary (best step, EMA, held-out success before and after, wall time).
     Raises:
@@ -539,7 +448,7 @@ def run(c, workdir: str, progress: bool = True) -> dict[str, Any]:
 
     absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax logs every save at INFO
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    t = Trainer(c, workdir, progress=progress)
+    t = Trainer(c, workdir, progress=progress, stages=stages)
     try:
         return t.run()
     finally:

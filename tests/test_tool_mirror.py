@@ -62,6 +62,27 @@ def test_a_program_the_verifier_installs_comes_before_the_mirror(tmp_path):
     assert res.reward == 1.0, res.test_output
 
 
+def test_a_uv_verifier_without_a_python_in_the_image_says_so():
+    """The public math-modeling fixtures on ubuntu:24.04 (no Python), with the tool mirror: curl is missing
+    (the installer does not run), then the mirror's uvx finds no Python to run pytest on and cannot download
+    one offline. The gate blamed the missing curl; the cause is the missing Python."""
+    from jaxrl.envs.harbor import Outcome
+    from jaxrl.envs.harbor.runner import _verifier_cause, verifier_cause
+    from jaxrl.envs.harbor.trial import TrialResult
+
+    out = ("/tests/test.sh: line 6: curl: command not found\n/tests/test.sh: line 7: /root/.local/bin/env: No such "
+           "file or directory\nerror: No interpreter found in managed installations or search path\n\nhint: A managed "
+           "Python download is available, but uv is set to offline mode\n")
+    r = TrialResult("t", "t__1", Outcome.OK, 0.0, verifier_exit_code=0, test_output=out)
+    assert _verifier_cause(r)[0] == "verifier needs a Python download"
+    assert "finds no Python in the image" in verifier_cause(r) and "No interpreter found" in verifier_cause(r)
+    # without the tool mirror the same verifier stops at the missing uvx: that stays a missing program
+    r = TrialResult("t", "t__1", Outcome.OK, 0.0, verifier_exit_code=127,
+                    test_output="/tests/test.sh: line 6: curl: command not found\n/tests/test.sh: line 9: uvx: "
+                                "command not found\n")
+    assert _verifier_cause(r)[0] == "verifier program missing"
+
+
 def test_a_tool_mirror_without_bin_is_one_clear_line(tmp_path, capsys):
     from jaxrl import tasks as tasks_cli
 

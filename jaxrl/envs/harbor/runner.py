@@ -223,6 +223,11 @@ _VERIFIER_CAUSES = (
                 r"No matching distribution found|Could not find a version that satisfies the requirement"),
      "the verifier needs the network, which the sandbox does not give (no network unless the task sets "
      "allow_internet): install its tools in the task's environment instead"),
+    # uv (from the tool mirror, or the image's) with no Python in the image: online it downloads one
+    ("verifier needs a Python download",
+     re.compile(r"No interpreter found (?:in managed installations or search path|for Python)"),
+     "the verifier's uv finds no Python in the image and cannot download one without network: install "
+     "python3 in the task's environment"),
     ("verifier program missing", re.compile(r"(?m)([\w./+-]+): (?:command )?not found\s*$"),
      "the verifier runs `{0}`, which the task's environment does not have"),
     ("verifier Python module missing", re.compile(r"No module named '?([\w.]+)'?"),

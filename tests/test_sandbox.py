@@ -308,8 +308,14 @@ def test_disk_filler_is_stopped(name, config, root):
         used, _ = trial.sandbox.disk_usage()
         trial.info["disk_mb_at_kill"] = used >> 20
         # the files stay: the monitor sees the trial over its limit at every check from now on, and
-        # must still count one crossing (it counted one per check: 2 on a loaded CI host)
-        time.sleep(6 * config.disk_check_interval_sec)
+        # must still count one crossing (it counted one per check: 2 on a loaded CI host). Waits
+        # for 5 more of its checks (counted, not a fixed sleep).
+        checks, real_over_disk = [], trial.sandbox.over_disk
+        trial.sandbox.over_disk = lambda *a, **k: checks.append(1) or real_over_disk(*a, **k)
+        deadline = time.monotonic() + 120
+        while len(checks) < 5:
+            assert time.monotonic() < deadline, "the disk monitor stopped checking"
+            time.sleep(0.01)
 
     r = run_trial(task, agent, config=TrialConfig(sandbox=config), trial_dir=root / "trial")
     assert r.outcome == Outcome.OK and r.reward == 0.0, r

@@ -396,8 +396,8 @@ def test_cpu_time_limit(tmp_path):
     cfg = TrialConfig(sandbox=SandboxConfig(cpu_time_sec=1))
     with Trial(task, tmp_path / "trial", cfg) as trial:
         r = trial.exec("while :; do :; done", timeout=30)
+        # SIGXCPU: the 1 s CPU limit ended it, not the 30 s timeout (limit "timeout"); no wall-clock bound
         assert r.limit == "cpu_time" and r.exit_code == 128 + signal.SIGXCPU
-        assert r.duration_sec < 10
     assert trial.result().limits_hit == {"cpu_time": 1}
 
 

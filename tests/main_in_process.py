@@ -7,6 +7,7 @@ absence of a traceback under `python -m` are proven by a few subprocess tests pe
 (tests/test_config_cli.py, tests/test_cli_errors.py::test_main_checks_model_and_data_before_importing_jax).
 """
 import os
+import signal
 import types
 
 import pytest
@@ -32,7 +33,7 @@ def run_main(monkeypatch, capsys, config, workdir, env=None):
     """Runs jaxrl.main's `main` on `config` and `workdir`; returns (exit status, stderr text).
 
     `env` is set in os.environ for the call; the variables `main` sets (the trainer's XLA memory
-    share) are restored afterwards by monkeypatch."""
+    share) are restored afterwards by monkeypatch, and so is the SIGTERM handler it installs."""
     from jaxrl import gpu_memory
     from jaxrl import main as main_cmd
 
@@ -47,6 +48,10 @@ def run_main(monkeypatch, capsys, config, workdir, env=None):
     monkeypatch.setattr(main_cmd, "_WORKDIR", types.SimpleNamespace(value=str(workdir)))
     monkeypatch.chdir(ROOT)
     capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        main_cmd.main(["jaxrl.main"])
+    sigterm = signal.getsignal(signal.SIGTERM)  # main() installs its own (cli.handle_sigterm)
+    try:
+        with pytest.raises(SystemExit) as e:
+            main_cmd.main(["jaxrl.main"])
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
     return e.value.code, capsys.readouterr().err

@@ -355,11 +355,16 @@ def test_verifier_cause_of_an_offline_pip_install_and_of_a_long_build_error():
     (["--pip-mirror", __file__], "error: --pip-mirror"),
     (["--pip-mirror", "/nonexistent/mirror"], "error: --pip-mirror '/nonexistent/mirror': no such folder. Fix: "),
 ])
-def test_image_backend_flags_are_checked_first_in_one_line(args, start):
-    """The fresh-user review: these flags gave an errno line, no flag name, or an error after 'checking ...'."""
-    out = subprocess.run([sys.executable, "-m", "jaxrl.tasks", "check", *args], capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
-    assert out.returncode == 2 and out.stderr.startswith(start) and len(out.stderr.splitlines()) == 1, out.stderr
+def test_image_backend_flags_are_checked_first_in_one_line(args, start, capsys):
+    """The fresh-user review: these flags gave an errno line, no flag name, or an error after 'checking ...'.
+    In process (`jaxrl.tasks.main`); the command line itself is run by test_cli and
+    test_ctrl_c_during_check_is_one_line."""
+    from jaxrl import tasks as tasks_cli
+
+    capsys.readouterr()
+    code = tasks_cli.main(["check", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(start) and len(err.splitlines()) == 1, err
 
 
 def test_a_disk_check_that_straddles_the_start_of_verification_is_not_counted(tmp_path):

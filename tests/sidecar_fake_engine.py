@@ -55,6 +55,8 @@ class FakeEngine:
         return out
 
     def load_version(self, version_dir, version):
+        if os.environ.get("FAKE_ENGINE_LOAD_STARTED_FILE"):  # tells a test the load is in the engine
+            open(os.environ["FAKE_ENGINE_LOAD_STARTED_FILE"], "a").close()
         time.sleep(self.load_delay_s)
         sync_dir = os.path.dirname(version_dir)
         tree, stats = weight_sync.load(sync_dir, version)
@@ -65,6 +67,7 @@ class FakeEngine:
 
 def make_fake_engine(args):
     """Sidecar `--engine tests.sidecar_fake_engine:make_fake_engine`; FAKE_ENGINE_DELAY_S and
-    FAKE_ENGINE_LOAD_DELAY_S set delays of generation and weight loads."""
+    FAKE_ENGINE_LOAD_DELAY_S set delays of generation and weight loads; FAKE_ENGINE_LOAD_STARTED_FILE
+    names a file created when a weight load starts."""
     return FakeEngine(delay_s=float(os.environ.get("FAKE_ENGINE_DELAY_S", "0")),
                       load_delay_s=float(os.environ.get("FAKE_ENGINE_LOAD_DELAY_S", "0")))

@@ -144,16 +144,22 @@ def test_resume_generates_the_pending_prompts_first_then_continues_the_stream():
 
 def test_snapshot_names_every_admitted_untrained_prompt():
     gate = threading.Event()
+    started = []  # prompt indexes of the units that reached generation (polled below, not a fixed sleep)
 
     def generate_unit(step, ks, attempts):
-        gate.wait(5)
+        started.extend(ks)
+        gate.wait(120)
         return [(k, [_traj(k, 0, 0, 0)], 0.0) for k in ks]
 
     p = RolloutProducer(batch_size=2, n=1, max_staleness=1, max_in_flight_groups=4, stale_action="drop",
                         steps_done=0, total_steps=10, version=0, next_prompt=0, pending=[], generate_unit=generate_unit)
     p.start()
-    time.sleep(0.2)
+    deadline = time.monotonic() + 60
+    while len(started) < 4:
+        assert time.monotonic() < deadline, started
+        time.sleep(0.005)
     assert p.snapshot() == (4, [0, 1, 2, 3])  # (S + 1) * B running
+    assert sorted(started) == [0, 1, 2, 3]  # and no more admitted
     gate.set()
     while len(p.ready) < 4:
         time.sleep(0.01)
@@ -255,6 +261,14 @@ def two_sidecars(tmp_path):
     class FlakyEngine(FakeEngine):
         fail_loads = False
 
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.in_engine = threading.Event()  # set when a generation request reaches the engine
+
+        def generate_requests(self, requests):
+            self.in_engine.set()
+            return super().generate_requests(requests)
+
         def load_version(self, version_dir, version):
             if self.fail_loads:
                 raise RuntimeError("injected load failure")
@@ -280,22 +294,27 @@ def test_in_flight_update_accepts_the_version_a_request_was_sent_under_and_rotat
     for v in (1, 2, 3, 4):
         ws.publish({"w": np.float32(v)}, sync, v, keep=10)
     decode = client_lib.wire.decode_completion_response
+    loaded = threading.Event()
 
-    def slow_decode(*a, **k):  # the answer is read after the load below has returned (no race)
-        time.sleep(0.6)
+    def decode_after_the_load(*a, **k):  # the answer is read after the load below has returned (no race)
+        assert loaded.wait(120), "the load did not return"
         return decode(*a, **k)
 
-    monkeypatch.setattr(client_lib.wire, "decode_completion_response", slow_decode)
+    monkeypatch.setattr(client_lib.wire, "decode_completion_response", decode_after_the_load)
     for in_flight in (True, False):
         client = SidecarClient(urls[:1], token=token, max_retries=0, in_flight_updates=in_flight)
         version = 1 if in_flight else 2
         client.load_weights(version, os.path.join(sync, str(version)))
         result = {}
+        loaded.clear()
+        engines[0].in_engine.clear()
         worker = threading.Thread(target=lambda: result.update(
             out=_catch(lambda: client.generate([[1, 2]], sp))))
         worker.start()
-        time.sleep(0.1)  # the request is in the engine (0.3 s); the load waits for it, then swaps
+        # the request is in the engine (0.3 s) before the load is sent; the load waits for it, then swaps
+        assert engines[0].in_engine.wait(120), "the request never reached the engine"
         client.load_weights(version + 1, os.path.join(sync, str(version + 1)))
+        loaded.set()
         worker.join()
         if in_flight:  # sent under version 1, served by version 1: the request says which version it ran on
             assert result["out"][0][0].policy_version == 1

@@ -189,14 +189,36 @@ def test_chat_without_a_model_is_one_line():
     ("--prompt", "", "--prompt='': empty message"),  # issue 25 §6: main answered the empty message silently
     ("--prompt", "  ", "--prompt='  ': empty message"),
 ])
-def test_bad_decoding_flags_are_one_line_naming_the_flag(flag, value, expected):
+def test_bad_decoding_flags_are_one_line_naming_the_flag(flag, value, expected, monkeypatch, capsys):
     """Regression: --max_new_tokens=-5 ended in a message naming the internal
-    SamplingParams.max_tokens, after the model was loaded."""
-    prompt = [] if flag == "--prompt" else ["--prompt", "hi"]
-    out = subprocess.run([sys.executable, "-m", "jaxrl.chat", "--model", DEFAULT_POLICY_DIR, f"{flag}={value}",
-                          *prompt], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert expected in out.stderr and "SamplingParams" not in out.stderr, out.stderr
+    SamplingParams.max_tokens, after the model was loaded. In process: jaxrl.chat's `main` with its
+    flag values set as absl would parse them (the command line itself:
+    test_chat_without_a_model_is_one_line); the model is never loaded (recorded)."""
+    import types
+
+    from jaxrl import chat as chat_cmd
+    from jaxrl import policy
+
+    values = {"--model": DEFAULT_POLICY_DIR, "--prompt": "hi", flag: value}
+    holders = {"_MODEL": ("--model", None), "_RUN_CONFIG": ("--run_config", None), "_PROMPT": ("--prompt", None),
+               "_SYSTEM": ("--system", None), "_THINKING": ("--thinking", None), "_MAX_NEW": ("--max_new_tokens", 0),
+               "_TEMPERATURE": ("--temperature", 0.0), "_TOP_P": ("--top_p", 1.0), "_TOP_K": ("--top_k", -1),
+               "_SEED": ("--seed", 0), "_DTYPE": ("--dtype", None), "_MAX_SEQ": ("--max_seq_len", 4096),
+               "_SHOW_PROMPT": ("--show_prompt", False)}  # the flags' defaults (jaxrl/chat.py define_flags)
+    for attr, (name, default) in holders.items():
+        v = values.get(name, default)
+        if name in values and isinstance(default, (int, float)) and not isinstance(default, bool):
+            v = type(default)(v)  # absl's parse of an integer / float flag
+        monkeypatch.setattr(chat_cmd, attr, types.SimpleNamespace(value=v))
+    loads = []
+    monkeypatch.setattr(policy, "load_engine", lambda *a, **k: loads.append(a) or pytest.fail("model loaded"))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        chat_cmd.main(["jaxrl.chat"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert expected in err and "SamplingParams" not in err, err
+    assert loads == []
 
 
 def test_banner_of_a_checkpoint_without_a_run_says_no_system_message():

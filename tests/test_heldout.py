@@ -47,21 +47,17 @@ def test_split_keeps_one_prompt_on_each_side_and_rejects_bad_input():
     assert overlap([_task("a"), _task("c")], two) == 1
 
 
-def test_a_one_prompt_dataset_is_one_error_line_naming_the_fix(tmp_path):
+def test_a_one_prompt_dataset_is_one_error_line_naming_the_fix(tmp_path, monkeypatch, capsys):
     """Regression (fresh-user review): a one-row JSONL with the default eval_fraction ended in a
-    ValueError traceback from the split; it is now one `error:` line, exit 2, naming the keys to set."""
-    import os
-    import subprocess
-    import sys
+    ValueError traceback from the split; it is now one `error:` line, exit 2, naming the keys to set.
+    (jaxrl.main's `main` in process: tests/main_in_process.py.)"""
+    from main_in_process import recipe, run_main
 
     data = tmp_path / "one.jsonl"
     data.write_text(json.dumps({"prompt": "What is 1+1?", "reward_spec": {"type": "exact_match", "answer": "2"}}) + "\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-m", "jaxrl.main", "--config=configs/rloo.py", "--config.data.task=dataset",
-                          f"--config.data.dataset_path={data}", f"--workdir={tmp_path / 'run'}"],
-                         cwd=root, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2, out.stderr[-2000:]
-    lines = [line for line in out.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: data.dataset_path"), out.stderr[-2000:]
+    c = recipe("configs/rloo.py", **{"data.task": "dataset", "data.dataset_path": str(data)})
+    code, err = run_main(monkeypatch, capsys, c, tmp_path / "run")
+    assert code == 2, err[-2000:]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: data.dataset_path"), err[-2000:]
     assert "1 distinct prompt" in lines[0] and "data.eval_dataset_path" in lines[0] and "data.eval_fraction=0" in lines[0]

@@ -299,7 +299,8 @@ def test_sidecar_killed_during_a_weight_load_is_unreachable_not_refused(tmp_path
     token_file.write_text(TOKEN)
     proc = SidecarProcess("unused", sync_dir=str(sync), token_file=str(token_file), log_path=str(tmp_path / "log"),
                           extra_args=["--engine", "tests.sidecar_fake_engine:make_fake_engine"],
-                          env={"PYTHONPATH": REPO, "FAKE_ENGINE_LOAD_DELAY_S": "30"})
+                          env={"PYTHONPATH": REPO, "FAKE_ENGINE_LOAD_DELAY_S": "30",
+                               "FAKE_ENGINE_LOAD_STARTED_FILE": str(tmp_path / "load_started")})
     proc.start()
     try:
         proc.wait_healthy(timeout_s=120)
@@ -314,7 +315,10 @@ def test_sidecar_killed_during_a_weight_load_is_unreachable_not_refused(tmp_path
 
         t = threading.Thread(target=load)
         t.start()
-        time.sleep(1.0)  # the load is in the engine (30 s)
+        deadline = time.monotonic() + 60  # polled until the load is in the engine (it then takes 30 s)
+        while not (tmp_path / "load_started").exists():
+            assert time.monotonic() < deadline and t.is_alive(), "the load never reached the engine"
+            time.sleep(0.01)
         proc.kill()
         t.join(60)
         assert len(errors) == 1 and isinstance(errors[0], SidecarUnreachable), errors

@@ -1,17 +1,11 @@
 """Run-level sidecar settings: the logprob definition per run (generator.logprobs_mode) and the GPU
 memory shares of the processes on one GPU (jaxrl/gpu_memory.py)."""
-import os
-import subprocess
-import sys
-
 import pytest
 
 from jaxrl import config as config_lib
 from jaxrl import gpu_memory
 from config_helpers import with_keys
 from jaxrl.config import ConfigError
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # --- logprob definition -------------------------------------------------------------------------
@@ -113,13 +107,14 @@ def test_processes_get_their_share_in_the_environment():
         gpu_memory.apply_trainer_env(c, {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9"})
 
 
-def test_main_refuses_a_conflicting_memory_fraction_in_one_line(tmp_path):
-    env = {**os.environ, "PYTHONPATH": ROOT, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9", "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-m", "jaxrl.main", "--config=configs/rloo.py",
-                          f"--workdir={tmp_path / 'run'}"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
-    assert "trainer.gpu_memory_fraction" in out.stderr and not (tmp_path / "run").exists()
+def test_main_refuses_a_conflicting_memory_fraction_in_one_line(tmp_path, monkeypatch, capsys):
+    """jaxrl.main's `main` in process (tests/main_in_process.py) with the variable set in its environment."""
+    from main_in_process import recipe, run_main
+
+    code, err = run_main(monkeypatch, capsys, recipe("configs/rloo.py"), tmp_path / "run",
+                         env={"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9"})
+    assert code == 2 and err.strip().count("\n") == 0, err
+    assert "trainer.gpu_memory_fraction" in err and not (tmp_path / "run").exists()
 
 
 def test_colocated_external_sidecars_must_report_the_configured_share():

@@ -17,13 +17,15 @@ def test_chunks_of_a_split_request_get_distinct_derived_seeds():
 
 
 def test_exit_with_parent_ends_the_child_when_the_parent_is_killed():
+    # The child says when its watchdog runs (on the stdout it shares with the parent), so the parent
+    # is killed after that, not after a fixed sleep.
     child_code = ("import time; from jaxrl.rollout.process import exit_with_parent; "
-                  "exit_with_parent(); time.sleep(60)")
+                  "exit_with_parent(); print('watching', flush=True); time.sleep(60)")
     parent_code = (f"import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', {child_code!r}], "
                    "start_new_session=True); print(c.pid, flush=True); time.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
     child_pid = int(parent.stdout.readline())
-    time.sleep(3.0)  # let the child import and start its watchdog
+    assert parent.stdout.readline().strip() == "watching"
     os.kill(child_pid, 0)  # alive while the parent lives
     parent.kill()  # SIGKILL: the parent cannot clean up
     parent.wait()

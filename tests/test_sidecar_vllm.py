@@ -433,6 +433,24 @@ def _alive(pattern: str) -> list[str]:
     return out.stdout.split()
 
 
+LOADING_VLLM = """\
+import http.server, sys
+args = sys.argv[1:]
+host, port = args[args.index("--host") + 1], int(args[args.index("--port") + 1])
+
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        open({marker!r}, "a").close()
+        self.send_response(503)
+        self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+http.server.HTTPServer((host, port), H).serve_forever()
+"""
+
+
 @pytest.mark.parametrize("fault", ["vllm_fails_at_start", "sigterm_while_vllm_starts"])
 def test_launch_script_leaves_no_front_behind_while_vllm_starts(published, tmp_path, fault):
     """The front waits for vLLM's start-up inside uvicorn's lifespan, where uvicorn holds SIGTERM back
@@ -442,9 +460,11 @@ def test_launch_script_leaves_no_front_behind_while_vllm_starts(published, tmp_p
     bindir = tmp_path / "bin"
     bindir.mkdir()
     vllm = bindir / "vllm"
-    body = "sleep 2; echo 'fake vllm: engine core failed to start' >&2; exit 1" if fault == "vllm_fails_at_start" \
-        else "exec sleep 300"  # a vLLM still loading: it never answers /health
-    vllm.write_text(f"#!/bin/sh\n{body}\n")
+    health_asked = tmp_path / "health_asked"
+    if fault == "vllm_fails_at_start":
+        vllm.write_text("#!/bin/sh\nsleep 2; echo 'fake vllm: engine core failed to start' >&2; exit 1\n")
+    else:  # a vLLM still loading: /health answers 503 (not ready) forever; the first ask is marked
+        vllm.write_text(f"#!{sys.executable}\n" + LOADING_VLLM.format(marker=str(health_asked)))
     vllm.chmod(0o755)
     port = free_port()
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "JAXRL_VLLM_PORT": str(free_port()),
@@ -461,7 +481,9 @@ def test_launch_script_leaves_no_front_behind_while_vllm_starts(published, tmp_p
             assert time.monotonic() < deadline, (tmp_path / "script.log").read_text()
             time.sleep(0.2)
         if fault == "sigterm_while_vllm_starts":
-            time.sleep(2)  # inside the front's wait for /health
+            while not health_asked.exists():  # the front is inside its wait for vLLM's /health (polled)
+                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "script.log").read_text()
+                time.sleep(0.05)
             proc.send_signal(signal.SIGTERM)  # to the script only, as a scheduler's kill of the job step
         rc = proc.wait(60)
         assert rc != 0

@@ -259,10 +259,9 @@ def test_requests_over_a_limit_get_4xx_naming_the_limit(serve, body, status, wor
     limits = wire.RequestLimits(max_n=8, max_prompts=4, max_rows=10, max_prompt_tokens=32, max_total_tokens=200,
                                 max_body_bytes=40000)
     engine, url, _ = serve(limits=limits)
-    t0 = time.perf_counter()
     r = httpx.post(url + "/v1/completions", json=body, headers=AUTH)
     assert r.status_code == status and words in r.json()["error"]["message"], r.text
-    assert time.perf_counter() - t0 < 5 and engine.batches == []  # refused before any engine work
+    assert engine.batches == []  # refused before any engine work
 
 
 @pytest.mark.parametrize("body,field", [

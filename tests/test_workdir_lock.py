@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -83,23 +82,36 @@ def test_one_process_may_reopen_its_own_workdir_and_the_last_release_unlocks(tmp
     assert out.returncode == 0, out.stderr[-2000:]
 
 
-def test_a_second_main_job_on_a_busy_workdir_stops_at_once_with_one_line(holder):
-    """Two `python -m jaxrl.main --workdir=D` at once used to write one run directory together."""
+@pytest.fixture
+def model_loads(monkeypatch):
+    """The model folders whose config is read (`Qwen3Config.from_pretrained`, the trainer's first load)."""
+    from jaxrl.models import qwen3
+
+    loaded = []
+    real = qwen3.Qwen3Config.from_pretrained.__func__
+    monkeypatch.setattr(qwen3.Qwen3Config, "from_pretrained",
+                        classmethod(lambda cls, path, *a, **k: loaded.append(path) or real(cls, path, *a, **k)))
+    return loaded
+
+
+def test_a_second_main_job_on_a_busy_workdir_stops_at_once_with_one_line(holder, model_loads, monkeypatch, capsys):
+    """Two `python -m jaxrl.main --workdir=D` at once used to write one run directory together.
+    jaxrl.main's `main` in this process (tests/main_in_process.py) against the holder process: it
+    stops before loading anything, i.e. before the model's config is read (recorded here; the test
+    had a wall-clock bound, 120 s, instead)."""
+    from main_in_process import recipe, run_main
+
     p, wd = holder
-    t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "jaxrl.main", "--config=configs/rloo.py", f"--workdir={wd}",
-                          "--config.trainer.num_steps=1"], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                         timeout=600)
-    seconds = time.perf_counter() - t0
-    err = out.stderr.strip()
-    assert out.returncode == 2, err[-3000:]
+    code, err = run_main(monkeypatch, capsys, recipe("configs/rloo.py", **{"trainer.num_steps": 1}), wd)
+    err = err.strip()
+    assert code == 2, err[-3000:]
     assert err.startswith(f"error: the workdir {wd} is in use by another run (PID {p.pid} on host "), err
     assert len(err.splitlines()) == 1 and "or pass another --workdir" in err, err
     assert sorted(os.listdir(wd)) == [".lock"]  # nothing of the run was written
-    assert seconds < 120, seconds  # before loading the model (about 5 s on 2 idle cores)
+    assert model_loads == []  # stopped before loading the model (the next test sees a trainer load it)
 
 
-def test_only_trainer_process_0_takes_the_lock(holder, monkeypatch):
+def test_only_trainer_process_0_takes_the_lock(holder, model_loads, monkeypatch):
     """In a multi-host job every process shares the workdir; processes other than 0 take no lock
     (here: a process that believes it is process 1 builds its trainer on a workdir another
     process holds)."""
@@ -115,6 +127,7 @@ def test_only_trainer_process_0_takes_the_lock(holder, monkeypatch):
     t = trainer.Trainer(c, wd, progress=False)
     try:
         assert t.workdir_lock is None and not t.is_main
+        assert model_loads  # the record the test above finds empty
     finally:
         t.ckpt.close()
         t.close()

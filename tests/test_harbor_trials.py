@@ -408,8 +408,11 @@ def test_ctrl_c_during_check_is_one_line(tmp_path):
     s = tmp_path / "set"
     write_task_dir(s, "slow", solve_sh="#!/bin/bash\n(exec -a jaxrl-ctrl-c-probe sleep 600)\necho done > /app/done.txt\n",
                    toml='[task]\nname = "test/slow"\n[agent]\ntimeout_sec = 900.0\n[environment]\nallow_internet = false\n')
+    # as from a terminal: SIGINT at its default, so Python turns it into KeyboardInterrupt (a test session
+    # started in the background of a non-interactive shell inherits SIGINT ignored, and Python keeps that)
     p = subprocess.Popen([sys.executable, "-m", "jaxrl.tasks", "check", str(s)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not processes_with("jaxrl-ctrl-c-probe"):
         time.sleep(0.2)

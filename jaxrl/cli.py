@@ -25,10 +25,7 @@ Config keys: every key of a recipe can be overridden with --config.KEY=VALUE (e.
   python -m jaxrl.config diff configs/rloo.py configs/grpo.py   # the keys two recipes set differently"""
 
 
-class Terminated(KeyboardInterrupt):
-    """Raised in the main thread by SIGTERM (`handle_sigterm`): a KeyboardInterrupt, so every
-    cleanup that runs for Ctrl-C (sidecars stopped, the async producer stopped, checkpoints closed,
-    partial folders removed) runs for a scheduler's stop too."""
+from jaxrl.errors import Terminated, note_sigterm  # noqa: E402,F401 (Terminated: its public name here)
 
 
 INTERRUPTED_STATUS = {"SIGINT": 130, "SIGTERM": 143}  # 128 + the signal number, as a shell reports it
@@ -37,11 +34,14 @@ INTERRUPTED_STATUS = {"SIGINT": 130, "SIGTERM": 143}  # 128 + the signal number,
 def handle_sigterm() -> None:
     """Makes SIGTERM (what `scancel`, SLURM time limits and most schedulers send) raise `Terminated`
     in the main thread, once: a second SIGTERM during the cleanup is ignored (the scheduler's
-    SIGKILL after its grace period still ends the process). Call it first thing in a command's main."""
+    SIGKILL after its grace period still ends the process). Call it first thing in a command's main.
+    The arrival is also recorded (`jaxrl.errors.raise_if_terminated`): a raise that lands in a
+    garbage-collector callback is swallowed by Python, and the run's loop then raises it at its next step."""
     import signal
 
     def on_sigterm(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        note_sigterm()
         raise Terminated("SIGTERM")
 
     signal.signal(signal.SIGTERM, on_sigterm)

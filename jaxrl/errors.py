@@ -17,3 +17,26 @@ class ConfigError(ValueError):
     def __init__(self, key: str, problem: str | None = None, fix: str | None = None):
         super().__init__(key if problem is None else f"config key `{key}`: {problem}. Fix: {fix}")
         self.key = key
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread by SIGTERM (`jaxrl.cli.handle_sigterm`): a KeyboardInterrupt, so every
+    cleanup that runs for Ctrl-C (sidecars stopped, the async producer stopped, checkpoints closed,
+    partial folders removed) runs for a scheduler's stop too. Its public name stays `jaxrl.cli.Terminated`."""
+
+
+_SIGTERM_RECEIVED = [False]
+
+
+def note_sigterm() -> None:
+    """Records that SIGTERM arrived (the handler's raise can be swallowed: see `raise_if_terminated`)."""
+    _SIGTERM_RECEIVED[0] = True
+
+
+def raise_if_terminated() -> None:
+    """Raises `Terminated` when SIGTERM arrived and its handler's exception was swallowed: a signal handler
+    runs between any two bytecodes of the main thread, also inside a garbage-collector or weakref callback
+    (JAX's `_xla_gc_callback`), where Python prints "Exception ignored" and carries on. Loops call this at
+    safe points (the trainer at each RL step), so a stop request is never lost."""
+    if _SIGTERM_RECEIVED[0]:
+        raise Terminated("SIGTERM")

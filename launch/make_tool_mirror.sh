@@ -21,5 +21,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -n "$dir" ] && [ -n "$uv" ] || { echo "make_tool_mirror.sh: usage: make_tool_mirror.sh DIR --uv VERSION" >&2; exit 2; }
-"$(dirname "$0")/uv_from_pypi.sh" "$uv" "$dir/bin"
+[ -e "$dir" ] && [ ! -d "$dir" ] && { echo "make_tool_mirror.sh: $dir is a file, not a folder: pass a folder" >&2; exit 2; }
+new_dir=0; [ -e "$dir" ] || new_dir=1
+if ! "$(dirname "$0")/uv_from_pypi.sh" "$uv" "$dir/bin"; then
+  [ "$new_dir" = 1 ] && rm -rf "$dir"   # leave nothing a later --tool-mirror would accept
+  exit 1
+fi
 echo "$dir"

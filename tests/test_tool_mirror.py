@@ -89,6 +89,10 @@ def test_a_tool_mirror_without_bin_is_one_clear_line(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="has no bin/ folder"):
         SandboxConfig(tool_mirror=str(tmp_path / "empty")).validate()
-    code = tasks_cli.main(["check", str(tmp_path), "--tool-mirror", str(tmp_path / "empty")])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "--tool-mirror" in err and "make_tool_mirror.sh" in err, err
+    (tmp_path / "emptybin" / "bin").mkdir(parents=True)
+    (tmp_path / "afile").write_text("")
+    for arg, says in ((tmp_path / "empty", "no programs in its bin/"), (tmp_path / "emptybin", "no programs in its bin/"),
+                      (tmp_path / "nope", "no such folder"), (tmp_path / "afile", "a file, not a folder"), ("", "is empty")):
+        code = tasks_cli.main(["check", str(tmp_path), f"--tool-mirror={arg}"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and says in err and "make_tool_mirror.sh" in err, (arg, err)

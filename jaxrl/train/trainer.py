@@ -34,6 +34,7 @@ import numpy as np
 from jaxrl import config as config_lib
 from jaxrl import parallel
 from jaxrl.config import write_json_atomic
+from jaxrl.errors import raise_if_terminated
 from jaxrl.envs import DEFAULT_POLICY_DIR, ChatTemplate
 from jaxrl.envs.chat import ChatTemplateOptionError, PromptFormat
 from jaxrl.fileio import output_dir_problem
@@ -330,6 +331,7 @@ class Trainer:
             bar.note("first step: generating, then compiling the train step")  # the slowest step of a launch
             step = start
             for step in range(start + 1, c.trainer.num_steps + 1):
+                raise_if_terminated()  # a SIGTERM whose raise a GC callback swallowed (jaxrl.errors)
                 result = self._rl_step(step, params, opt_state)
                 params, opt_state, m = result.params, result.opt_state, result.metrics.values
                 bar.update(step, m["reward/avg_raw_reward"], m["reward/ema"], self.timings["step"])

@@ -39,9 +39,17 @@ def image_options_problem(args) -> str | None:
         return (f"--pip-mirror {mirror!r}: no such folder. Fix: make it with `pip download -d {mirror} "
                 "pytest==VER ...` (docs/terminal_tasks.md, 'Network')")
     tools = getattr(args, "tool_mirror", None)
-    if tools is not None and not os.path.isdir(os.path.join(tools, "bin")):
-        return (f"--tool-mirror {tools!r}: no bin/ folder in it. Fix: make it with `launch/make_tool_mirror.sh "
-                f"{tools} --uv VER` (docs/terminal_tasks.md, 'Network')")
+    if tools is not None:
+        make = f"make it with `launch/make_tool_mirror.sh {tools or 'DIR'} --uv VER` (docs/terminal_tasks.md, 'Network')"
+        if not tools:
+            return f"--tool-mirror is empty. Fix: pass a folder; {make}"
+        if os.path.exists(tools) and not os.path.isdir(tools):
+            return f"--tool-mirror {tools!r}: a file, not a folder. Fix: pass a folder that holds bin/, or {make}"
+        if not os.path.isdir(tools):
+            return f"--tool-mirror {tools!r}: no such folder. Fix: {make}"
+        bin_dir = os.path.join(tools, "bin")
+        if not os.path.isdir(bin_dir) or not os.listdir(bin_dir):
+            return f"--tool-mirror {tools!r}: no programs in its bin/ folder. Fix: {make}"
     if args.image_cache_dir:
         problem = output_dir_problem(args.image_cache_dir)
         if problem:

@@ -1,0 +1,47 @@
+"""A SIGTERM whose `Terminated` is raised inside a garbage-collector callback is swallowed by Python
+("Exception ignored in ..."), and the handler had already set SIGTERM to ignored: the fresh-user review saw a
+run keep training and ignore every later SIGTERM (JAX's `_xla_gc_callback`). The arrival is now recorded,
+and `raise_if_terminated` (called by the trainer at each RL step) raises it at the next safe point."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from jaxrl import cli, errors
+
+
+@pytest.fixture
+def sigterm_handler():
+    old = signal.getsignal(signal.SIGTERM)
+    errors._SIGTERM_RECEIVED[0] = False
+    cli.handle_sigterm()
+    yield
+    signal.signal(signal.SIGTERM, old)
+    errors._SIGTERM_RECEIVED[0] = False
+
+
+def test_a_sigterm_swallowed_in_a_finalizer_is_raised_at_the_next_safe_point(sigterm_handler, monkeypatch):
+    import sys
+
+    swallowed = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: swallowed.append(u.exc_type))  # "Exception ignored in"
+
+    class Finalized:
+        def __del__(self):  # as a GC callback: an exception raised in here is printed and dropped
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(10_000):  # the handler runs at one of these bytecode boundaries
+                pass
+
+    obj = Finalized()
+    del obj  # the handler's Terminated is raised inside __del__ and swallowed
+    assert swallowed == [cli.Terminated]  # Python dropped the handler's exception
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # later SIGTERMs are ignored, as before
+    with pytest.raises(cli.Terminated):
+        errors.raise_if_terminated()
+
+
+def test_no_sigterm_no_raise(sigterm_handler):
+    errors.raise_if_terminated()  # nothing arrived: returns
+    assert cli.Terminated is errors.Terminated

@@ -206,13 +206,17 @@ class BuildahBuilder(Builder):
     def create_container(self, ref: str) -> tuple[str, str]:
         self.remove_stale_containers()
         name = f"{CONTAINER_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
-        c = self._run("from", "--pull=never", "-q", "--name", name, ref).stdout.strip()
+        c = self._run(*self._create_args(name, ref)).stdout.strip()
         try:
             m = self._run("mount", c).stdout.strip()
         except SandboxError:
             self.remove_container(c)
             raise
         return c, m
+
+    def _create_args(self, name: str, ref: str) -> tuple:
+        """The arguments that make (not start) a container `name` of image `ref`."""
+        return ("from", "--pull=never", "-q", "--name", name, ref)
 
     def writable_layer(self, container: str, mountpoint: str) -> str:
         upper = os.path.join(os.path.dirname(mountpoint), "diff")
@@ -312,17 +316,9 @@ class PodmanBuilder(BuildahBuilder):
     def images_in_use(self) -> set:
         return {c.get("ImageID", "") for c in self._containers()}
 
-    def create_container(self, ref: str) -> tuple[str, str]:
-        self.remove_stale_containers()
-        name = f"{CONTAINER_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
+    def _create_args(self, name: str, ref: str) -> tuple:
         # the command is never run (bwrap runs the trial's commands); podman create only needs one set
-        c = self._run("create", "--pull=never", "--name", name, ref, "/bin/true").stdout.strip()
-        try:
-            m = self._run("mount", c).stdout.strip()
-        except SandboxError:
-            self.remove_container(c)
-            raise
-        return c, m
+        return ("create", "--pull=never", "--name", name, ref, "/bin/true")
 
     def remove_container(self, container: str) -> None:
         self._run("rm", "--force", container, check=False)

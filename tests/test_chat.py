@@ -449,3 +449,52 @@ def test_keep_thinking_refuses_a_template_it_cannot_change(tok):
     with pytest.raises(ValueError, match="expected one of"):
         ChatTemplate(tok, chat_template="keep_thoughts")
     assert ChatTemplate(other, chat_template=None).template == plain  # None (the config default) = ""
+
+
+@pytest.mark.parametrize("which", ["default", "qwen3"])
+def test_load_tokenizer_is_what_autotokenizer_loads(which, request):
+    """`load_tokenizer` builds the class named in tokenizer_config.json directly (no AutoTokenizer, which
+    imports torch); the reference is transformers' own AutoTokenizer on the same folder: same class,
+    vocabulary, added tokens, chat template, encodings and rendered chat."""
+    from transformers import AutoTokenizer
+
+    path = DEFAULT_POLICY_DIR if which == "default" else request.getfixturevalue("qwen3_dir")
+    ours, ref = load_tokenizer(path), AutoTokenizer.from_pretrained(path, local_files_only=True)
+    assert type(ours) is type(ref)
+    assert ours.get_vocab() == ref.get_vocab()
+    assert {i: str(t) for i, t in ours.added_tokens_decoder.items()} == \
+        {i: str(t) for i, t in ref.added_tokens_decoder.items()}
+    assert ours.chat_template == ref.chat_template
+    assert (ours.eos_token, ours.pad_token) == (ref.eos_token, ref.pad_token)
+    text = "12 + 7 = ?<|im_end|> <think>x</think>\n\tünïcode 🙂 <tool_call>{}</tool_call>"
+    assert ours.encode(text) == ref.encode(text)
+    messages = [{"role": "user", "content": "What is 2+3?"}, {"role": "assistant", "content": "5"}]
+    assert ours.apply_chat_template(messages, tokenize=False) == ref.apply_chat_template(messages, tokenize=False)
+
+
+def test_load_tokenizer_falls_back_to_autotokenizer_for_other_classes(tmp_path):
+    """A tokenizer_config.json naming another class (here the generic TokenizersBackend) is loaded by
+    AutoTokenizer, whatever class it resolves to."""
+    from transformers import AutoTokenizer
+
+    path = tmp_path / "tok"
+    shutil.copytree(DEFAULT_POLICY_DIR, path)
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    cfg["tokenizer_class"] = "TokenizersBackend"
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    ours, ref = load_tokenizer(str(path)), AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    assert type(ours) is type(ref) and type(ours).__name__ != "Qwen2Tokenizer"
+    assert ours.encode("1 + 2 = 3") == ref.encode("1 + 2 = 3")
+
+
+def test_loading_a_tokenizer_imports_no_torch():
+    """A fresh interpreter (torch is installed in the test environment) loads the default tokenizer without
+    importing torch (AutoTokenizer did: 2 s of every trainer and evaluate process)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from jaxrl.envs import load_tokenizer, DEFAULT_POLICY_DIR; "
+            "load_tokenizer(DEFAULT_POLICY_DIR); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"

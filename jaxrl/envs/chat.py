@@ -1,7 +1,7 @@
 """Chat template rendering for token-in / token-out rollouts (docs/architecture.md §1, §3).
 
-`ChatTemplate` wraps the tokenizer and chat template of a checkpoint directory (loaded with
-`transformers.AutoTokenizer.from_pretrained`) and produces exactly three kinds of token ids:
+`ChatTemplate` wraps the tokenizer and chat template of a checkpoint directory (loaded as
+`transformers.AutoTokenizer.from_pretrained` loads it: `load_tokenizer`) and produces exactly three kinds of token ids:
 
 * the prompt: `encode_prompt(messages)` renders the initial conversation once, with the
   generation prompt (`<|im_start|>assistant\\n`, plus `<think>\\n\\n</think>\\n\\n` when thinking is
@@ -92,13 +92,38 @@ def load_tokenizer(path: str):
     problem = tokenizer_problem(path)
     if problem:
         raise ValueError(f"{problem}. Fix: copy the tokenizer files of the model it was trained from into it")
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer = _tokenizer_class(path).from_pretrained(path, local_files_only=True)
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"tokenizer in {path!r} has no chat_template; add one to tokenizer_config.json "
                          "(or chat_template.jinja)")
     return tokenizer
+
+
+# Tokenizer classes loaded by name, as `AutoTokenizer` resolves them for these checkpoints (Qwen3's
+# tokenizer_config.json names Qwen2Tokenizer, and its config's model_type maps to the same class).
+# `transformers.AutoTokenizer` imports the model-config machinery and with it torch when torch is
+# installed (2 s per process); the class itself needs neither.
+_DIRECT_TOKENIZER_CLASSES = ("Qwen2Tokenizer", "Qwen2TokenizerFast")
+
+
+def _tokenizer_class(path: str):
+    """The class `AutoTokenizer.from_pretrained(path)` returns an instance of: for a tokenizer_config.json
+    naming one of `_DIRECT_TOKENIZER_CLASSES` that class (without Fast: transformers 5 has only the fast
+    one), else `AutoTokenizer` itself, which resolves every other checkpoint."""
+    import json
+
+    import transformers
+
+    try:
+        with open(os.path.join(path, "tokenizer_config.json"), encoding="utf-8") as f:
+            name = json.load(f).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    if name in _DIRECT_TOKENIZER_CLASSES:
+        cls = getattr(transformers, name.removesuffix("Fast"), None) or getattr(transformers, name, None)
+        if cls is not None:
+            return cls
+    return transformers.AutoTokenizer
 
 
 def split_thinking(text: str) -> tuple[str, str]:

@@ -101,7 +101,7 @@ def run(main: Callable, doc: str, keys_hint: bool = True, argv: Optional[Sequenc
         # is no recipe (setup.py would run its own command line).
         from jaxrl.config import recipe_file_problem
 
-        problem = recipe_file_problem(spec.partition(":")[0])
+        problem = recipe_file_problem(spec)
         if problem:
             usage_error(f"--config: {problem}")
     overrides = _overrides(argv[1:])

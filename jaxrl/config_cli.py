@@ -19,6 +19,7 @@ import sys
 from typing import Any, Optional, Sequence
 
 from jaxrl import config as config_lib
+from jaxrl.errors import ArgumentParser
 
 
 
@@ -126,7 +127,7 @@ def diff_lines(spec_a: str, spec_b: str) -> list[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command; returns the exit status (0, or 2 after a one-line error)."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m jaxrl.config", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
         epilog="examples:\n" + __doc__.split("\n\n")[1] + "\n\nA recipe is path/to/recipe.py[:scale] (as --config= "
                "takes), a run's rl_config.json or its workdir.",

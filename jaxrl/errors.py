@@ -6,6 +6,8 @@ cycle. Its public name stays `jaxrl.config.ConfigError` (re-exported there).
 """
 from __future__ import annotations
 
+import argparse
+
 
 class ConfigError(ValueError):
     """An invalid configuration value; the message names the key and how to fix it.
@@ -40,3 +42,12 @@ def raise_if_terminated() -> None:
     safe points (the trainer at each RL step), so a stop request is never lost."""
     if _SIGTERM_RECEIVED[0]:
         raise Terminated("SIGTERM")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """`argparse.ArgumentParser` whose usage errors are one line, `error: PROG: MESSAGE (see PROG --help)`, and
+    status 2, instead of argparse's usage block (an unknown option, a value outside `choices`, a missing
+    argument). Its sub-parsers (`add_subparsers`) are of this class too. `--help` is argparse's."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")

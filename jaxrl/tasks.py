@@ -23,6 +23,7 @@ from jaxrl.envs.harbor import (SHIPPED_TASKS_DIR, UNSAFE_HOST_BACKEND, HarborTas
                                format_check_table, load_task_set, oracle_agent, run_trial)
 from jaxrl.envs.harbor.image_flags import image_config as _image_config
 from jaxrl.envs.harbor.image_flags import image_options_problem
+from jaxrl.errors import ArgumentParser
 
 
 def _trial_config(args, keep: str) -> TrialConfig:
@@ -163,7 +164,7 @@ def main(argv=None) -> int:
             print("interrupted: `python -m jaxrl.tasks funnel` stopped before it finished; nothing was reported",
                   file=sys.stderr)
             return 130
-    p = argparse.ArgumentParser(prog="python -m jaxrl.tasks", description=__doc__.split("\n\n")[0],
+    p = ArgumentParser(prog="python -m jaxrl.tasks", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
 

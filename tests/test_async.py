@@ -71,7 +71,7 @@ def _trial(seed, *, B, n, S, W, steps, stale_action, resume=None):
         return out
 
     start = 0 if resume is None else resume["step"]
-    producer = RolloutProducer(batch_size=B, n=n, max_staleness=S, max_in_flight_groups=W,
+    producer = RolloutProducer(batch_size=B, n=n, max_staleness_steps=S, max_in_flight_groups=W,
                                stale_action=stale_action, steps_done=start, total_steps=steps,
                                version=sidecar["version"], next_prompt=0 if resume is None else resume["next"],
                                pending=[] if resume is None else resume["pending"], generate_unit=generate_unit)
@@ -151,7 +151,7 @@ def test_snapshot_names_every_admitted_untrained_prompt():
         gate.wait(120)
         return [(k, [_traj(k, 0, 0, 0)], 0.0) for k in ks]
 
-    p = RolloutProducer(batch_size=2, n=1, max_staleness=1, max_in_flight_groups=4, stale_action="drop",
+    p = RolloutProducer(batch_size=2, n=1, max_staleness_steps=1, max_in_flight_groups=4, stale_action="drop",
                         steps_done=0, total_steps=10, version=0, next_prompt=0, pending=[], generate_unit=generate_unit)
     p.start()
     deadline = time.monotonic() + 60
@@ -187,7 +187,7 @@ def test_one_step_mode_trains_each_batch_exactly_one_version_stale_and_no_episod
             last = sidecar["version"]
         return [(k, [_traj(k, j, first, last) for j in range(n)], rng.uniform(0, 0.01)) for k in ks]
 
-    p = RolloutProducer(batch_size=B, n=n, max_staleness=1, max_in_flight_groups=B, stale_action="drop",
+    p = RolloutProducer(batch_size=B, n=n, max_staleness_steps=1, max_in_flight_groups=B, stale_action="drop",
                         steps_done=0, total_steps=steps, version=0, next_prompt=0, pending=[],
                         generate_unit=generate_unit, loads_between_units=True).start()
     version = 0

@@ -137,6 +137,30 @@ def test_recipe_files_are_checked_before_they_run(tmp_path):
     # tests/test_config_cli.py runs `jaxrl.main --config=<a setup.py>` and checks it is not executed.
 
 
+@pytest.mark.parametrize("module, argv, message", [
+    ("jaxrl.tasks", ["check", "--image-builder", "docker"],
+     "python -m jaxrl.tasks check: argument --image-builder: invalid choice: 'docker' (choose from buildah, podman)"),
+    ("jaxrl.tasks", ["lst"], "python -m jaxrl.tasks: argument cmd: invalid choice: 'lst'"),
+    ("jaxrl.envs.harbor.funnel", ["/tmp", "--image-builder", "docker"],
+     "python -m jaxrl.tasks funnel: argument --image-builder: invalid choice: 'docker'"),
+    ("jaxrl.config_cli", ["show", "--colour"], "python -m jaxrl.config: unrecognized arguments: --colour"),
+    ("jaxrl.rollout.sidecar", ["--backend", "sglang"],
+     "python -m jaxrl.rollout.sidecar: argument --backend: invalid choice: 'sglang'"),
+])
+def test_argparse_commands_say_a_usage_error_in_one_line(module, argv, message, capsys):
+    """Regression (review): `python -m jaxrl.tasks check --image-builder docker` printed argparse's usage
+    block. Every argparse command (jaxrl.errors.ArgumentParser, sub-commands included) prints one line
+    and exits 2."""
+    import importlib
+
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(module).main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "usage:" not in err, err
+    assert err.startswith("error: " + message.split(": ", 1)[0]) and message.split("(choose")[0] in err, err
+    assert err.rstrip().endswith("--help)"), err
+
+
 def test_evaluate_output_is_checked_before_the_evaluation(paths, capsys, monkeypatch):
     from jaxrl import evaluate
 

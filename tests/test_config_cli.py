@@ -226,6 +226,18 @@ def test_an_unknown_scale_is_one_message_listing_the_scales(command):
         "the default: no :SCALE). Fix: e.g. --config=configs/rloo.py or --config=configs/rloo.py:qwen3_8b\n"), out.stderr
 
 
+@pytest.mark.parametrize("command", [["jaxrl.main", "--config=configs/rloo.py:"],
+                                     ["jaxrl.config", "show", "configs/rloo.py:"]])
+def test_an_empty_scale_after_the_colon_is_refused(command):
+    """Regression (review): `--config=configs/rloo.py:` (a colon and no scale) ran the CPU scale as if no colon
+    were there. It is one line naming both fixes (jaxrl.main checks it before absl loads the recipe;
+    `load_recipe`, under jaxrl.config and notebooks, raises it)."""
+    out = _run(*command)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert ("'configs/rloo.py:' names no scale after the ':'. Fix: drop the ':' for the CPU scale "
+            "(configs/rloo.py) or name one (configs/rloo.py:qwen3_8b)") in out.stderr, out.stderr
+
+
 def test_config_diff_errors_name_files_as_files(tmp_path):
     """A missing file was called a "config key" (`config key `--config`: recipe file ...`)."""
     out = _run("jaxrl.config", "diff", "configs/rloo.py", "configs/nope.py")

@@ -102,6 +102,20 @@ def test_config_and_dataclass_reject_the_same_values_with_the_same_check():
         assert e.value.key == spec.key and "\n" not in str(e.value), str(e.value)
 
 
+def test_the_meaning_of_a_registry_key_names_every_registered_name():
+    """Regression (review): loss_reduction's meaning listed 3 of the 4 reductions a run accepts. Every name
+    in each registry (what `validate` accepts for the key) appears in the key's one-line meaning."""
+    import jaxrl.rl.losses  # noqa: F401 (registers the built-in losses, reductions and estimators)
+    from jaxrl.rl import registry
+
+    for key, names in (("trainer.algorithm.loss_reduction", registry.LOSS_REDUCTIONS),
+                       ("trainer.algorithm.policy_loss_type", registry.POLICY_LOSSES),
+                       ("trainer.algorithm.advantage_estimator", registry.ADVANTAGE_ESTIMATORS)):
+        doc = FIELDS_BY_KEY[key].doc
+        words = set(doc.replace("(", " ").replace(")", " ").replace("=", " ").replace("|", " ").split())
+        assert set(names) <= words, (key, sorted(set(names) - words))
+
+
 def test_docs_config_md_is_generated_from_the_schema():
     from jaxrl.config.docs import DOC_PATH, markdown
 
@@ -114,6 +128,22 @@ def test_docs_config_md_is_generated_from_the_schema():
 
 
 ADDED_SINCE = (("harbor", "image_builder"),)
+
+
+def test_docs_command_help_writes_nothing(tmp_path, monkeypatch, capsys):
+    """Regression (review): `python -m jaxrl.config.docs --help` rewrote docs/config.md. --help writes
+    nothing, an argument is one line with status 2, no argument writes the generated text."""
+    from jaxrl.config import docs
+
+    target = tmp_path / "config.md"
+    monkeypatch.setattr(docs, "DOC_PATH", str(target))
+    assert docs.main(["--help"]) == 0 and not target.exists()
+    assert "rewrites" in capsys.readouterr().out
+    assert docs.main(["--write"]) == 2 and not target.exists()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "takes no arguments (got '--write')" in err, err
+    assert docs.main([]) == 0 and target.read_text() == docs.markdown()
+    assert "| `generator.chat_template` | str | `''` | `''` (empty) \\| `keep_thinking` |" in target.read_text()
 
 
 def test_an_rl_config_json_written_before_the_schema_resumes_and_is_written_alike(tmp_path):

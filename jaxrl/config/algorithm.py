@@ -29,7 +29,7 @@ ALGORITHM: tuple[F, ...] = (
           'policy loss: regular (PPO clip) | dual_clip | gspo | cispo | sapo | clip_cov | kl_cov',
           owner="loss", source='SkyRL `policy_loss_type`'),
         F('loss_reduction', 'token_mean',
-          'token terms to one scalar: token_mean | sequence_mean | seq_mean_token_sum_norm',
+          'tokens to one scalar: token_mean | sequence_mean | seq_mean_token_sum_norm (= seq_mean_token_sum_norm_global)',
           owner="loss", source='SkyRL `loss_reduction` (PR #1296); Liu et al. 2025 (Dr. GRPO) for the last'),
         F('eps_clip_low', 0.2,
           'PPO clip: the ratio is clipped below at 1 - eps_clip_low',

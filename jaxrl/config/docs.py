@@ -5,6 +5,7 @@ the file; tests/test_config_schema.py fails when it is not what `markdown()` giv
 from __future__ import annotations
 
 import os
+import sys
 
 from jaxrl.config.field import Field
 from jaxrl.config.schema import FIELDS
@@ -40,7 +41,7 @@ def allowed(f: Field) -> str:
     if f.bounds:
         parts.append(f.bounds.strip())
     if f.choices:
-        parts.append(" | ".join(f"`{c}`" for c in f.choices))
+        parts.append(" | ".join(f"`{c}`" if c else "`''` (empty)" for c in f.choices))
     if f.also:
         parts.append("or " + ", ".join(f"`{a!r}`" for a in f.also))
     if f.has_off:
@@ -67,7 +68,23 @@ def markdown() -> str:
     return "\n".join(out) + "\n"
 
 
-if __name__ == "__main__":  # python -m jaxrl.config.docs: rewrite docs/config.md
-    with open(DOC_PATH, "w", encoding="utf-8") as fh:
-        fh.write(markdown())
+def main(argv) -> int:
+    """`python -m jaxrl.config.docs`: rewrites docs/config.md (atomically); `--help` prints what it does
+    and writes nothing; any other argument is one line and status 2."""
+    from jaxrl.fileio import atomic_write_text
+
+    if any(a in ("-h", "--help") for a in argv):
+        print(f"python -m jaxrl.config.docs: rewrites {os.path.relpath(DOC_PATH)} from the schema "
+              "(jaxrl/config/schema.py, jaxrl/config/algorithm.py); it takes no arguments")
+        return 0
+    if argv:
+        print(f"error: python -m jaxrl.config.docs takes no arguments (got {argv[0]!r}); "
+              "run it alone to rewrite docs/config.md", file=sys.stderr)
+        return 2
+    atomic_write_text(DOC_PATH, markdown())
     print(f"wrote {DOC_PATH} ({len(FIELDS)} keys)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -94,10 +94,14 @@ def recipe_error(e: BaseException, path: str) -> Optional[ConfigError]:
 RECIPE_FIX = "Fix: pass a recipe such as configs/rloo.py (or configs/rloo.py:qwen3_8b)"
 
 
-def recipe_file_problem(path: str) -> Optional[str]:
-    """Why `path` cannot be a recipe file, checked without running it, or None: a directory, a
-    file whose name does not end in .py, or a Python file with no ``def get_config`` (a missing
-    file is reported where it is loaded)."""
+def recipe_file_problem(spec: str) -> Optional[str]:
+    """Why `spec` (`path/to/recipe.py[:scale]`) cannot be a recipe, checked without running it, or
+    None: an empty scale after the colon, a directory, a file whose name does not end in .py, or a
+    Python file with no ``def get_config`` (a missing file is reported where it is loaded)."""
+    path, sep, scale = spec.partition(":")
+    if sep and not scale.strip():
+        return (f"{spec!r} names no scale after the ':'. Fix: drop the ':' for the CPU scale "
+                f"({path}) or name one ({path}:qwen3_8b)")
     if os.path.isdir(path):
         return f"{path!r} is a directory, not a recipe file. {RECIPE_FIX}"
     if not os.path.isfile(path):
@@ -127,7 +131,7 @@ def load_recipe(spec: str) -> ml_collections.ConfigDict:
     path, sep, arg = spec.partition(":")
     if not os.path.exists(path):
         raise ConfigError(f"recipe file {path!r} does not exist. {RECIPE_FIX}")
-    problem = recipe_file_problem(path)
+    problem = recipe_file_problem(spec)
     if problem:
         raise ConfigError(problem)
     name = "jaxrl_recipe_" + os.path.splitext(os.path.basename(path))[0]

@@ -27,6 +27,7 @@ import logging
 import os
 from typing import Optional, Sequence
 
+from jaxrl.errors import ArgumentParser
 from jaxrl.rollout import wire
 
 log = logging.getLogger("jaxrl.sidecar")
@@ -43,7 +44,7 @@ DEFAULT_ENGINE = "jaxrl.rollout.sampler:engine_from_args"
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jaxrl.rollout.sidecar", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m jaxrl.rollout.sidecar", description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", default="jax", choices=["jax", "vllm"],
                    help="jax: the built-in engine in this process; vllm: front of a loopback vLLM server")
     p.add_argument("--checkpoint", default=None, help="jax: HF checkpoint directory of the initial policy (version 0)")

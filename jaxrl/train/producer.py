@@ -92,7 +92,8 @@ class RolloutProducer:
     Args:
       batch_size: B, prompts per RL step.
       n: trajectories per group (`n_samples_per_prompt`).
-      max_staleness: S, the largest (trained version - first-token version) a trained group may have.
+      max_staleness_steps: S (`trainer.async_rl.max_staleness_steps`), the largest (trained version -
+        first-token version) a trained group may have.
       max_in_flight_groups: W, groups generating at once (>= 1).
       stale_action: "drop" or "regenerate".
       steps_done: RL steps already trained (a resumed run's step).
@@ -105,15 +106,16 @@ class RolloutProducer:
       clock: time source (seconds).
     """
 
-    def __init__(self, *, batch_size: int, n: int, max_staleness: int, max_in_flight_groups: int,
+    def __init__(self, *, batch_size: int, n: int, max_staleness_steps: int, max_in_flight_groups: int,
                  stale_action: str, steps_done: int, total_steps: int, version: int, next_prompt: int,
                  pending: Sequence[int], generate_unit: GenerateUnit, loads_between_units: bool = False,
                  clock: Callable[[], float] = time.perf_counter):
         if stale_action not in ("drop", "regenerate"):
             raise ValueError(f"stale_action must be 'drop' or 'regenerate', got {stale_action!r}")
-        if max_in_flight_groups < 1 or batch_size < 1 or n < 1 or max_staleness < 0:
-            raise ValueError("batch_size, n and max_in_flight_groups must be >= 1 and max_staleness >= 0")
-        self.B, self.n, self.S, self.W = batch_size, n, max_staleness, max_in_flight_groups
+        if max_in_flight_groups < 1 or batch_size < 1 or n < 1 or max_staleness_steps < 0:
+            raise ValueError("batch_size, n and max_in_flight_groups must be >= 1 and max_staleness_steps >= 0")
+        self.B, self.n, self.W = batch_size, n, max_in_flight_groups
+        self.max_staleness_steps = max_staleness_steps
         self.stale_action = stale_action
         self.steps_done = self.start_steps = steps_done
         self.needed = (total_steps - steps_done) * batch_size  # groups the rest of the run trains
@@ -182,7 +184,7 @@ class RolloutProducer:
                     raise self.error
                 keep = []
                 for g in self.ready:
-                    if version - g.first_version > self.S:
+                    if version - g.first_version > self.max_staleness_steps:
                         dropped += len(g.trajs)
                         self.accepted -= 1
                         if self.stale_action == "regenerate":
@@ -223,7 +225,7 @@ class RolloutProducer:
         if self.paused or self.stopped:
             return 0
         used = self.accepted + self.running  # groups delivered (not dropped) or on their way
-        stale_room = (self.S + self.steps_done - self.start_steps + 1) * self.B - used
+        stale_room = (self.max_staleness_steps + self.steps_done - self.start_steps + 1) * self.B - used
         return max(0, min(self.W - self.running, stale_room, self.needed - used))
 
     def _next_unit(self, room: int) -> tuple[int, list[int]]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -97,13 +97,13 @@ class AsyncRollouts:
         self.c, self.prompts, self.fleet = c, prompts, fleet
         a, B, n = c.trainer.async_rl, c.trainer.train_batch_size, c.generator.n_samples_per_prompt
         one_step = a.mode == "one_step"
-        self.max_staleness = 1 if one_step else int(a.max_staleness_steps)
-        groups = B if one_step else (a.max_in_flight_trajectories // n or (self.max_staleness + 1) * B)
+        self.max_staleness_steps = 1 if one_step else int(a.max_staleness_steps)
+        groups = B if one_step else (a.max_in_flight_trajectories // n or (self.max_staleness_steps + 1) * B)
         self._tasks: dict[int, list] = {}
         self._tasks_lock = threading.Lock()  # units run in threads; PromptSource is not thread-safe
         self._chats: queue.SimpleQueue = queue.SimpleQueue()  # one ChatTemplate per concurrent unit
         self.producer = RolloutProducer(
-            batch_size=B, n=n, max_staleness=self.max_staleness, max_in_flight_groups=groups,
+            batch_size=B, n=n, max_staleness_steps=self.max_staleness_steps, max_in_flight_groups=groups,
             stale_action=a.stale_action, steps_done=steps_done, total_steps=c.trainer.num_steps, version=version,
             next_prompt=next_prompt, pending=pending, generate_unit=self._generate_unit,
             loads_between_units=one_step)
@@ -185,8 +185,7 @@ class AsyncRollouts:
         self.producer.stop()
 
 
-def logprob_gap_by_staleness(staleness: np.ndarray, row_sums: np.ndarray, row_counts: np.ndarray,
-                             max_staleness: Optional[int] = None) -> dict[str, float]:
+def logprob_gap_by_staleness(staleness: np.ndarray, row_sums: np.ndarray, row_counts: np.ndarray) -> dict[str, float]:
     """`async/logprob_diff_mean_staleness_<k>`: mean |trainer - engine logprob| over the loss
     tokens of the trajectories of staleness k, for every k present (the gap grows with k as the
     trainer's pi_old moves away from the sampling policy mu).

@@ -16,7 +16,6 @@ image built once; a failed build's cause from `BUILD_CAUSES`, matched on its mes
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import os
@@ -24,6 +23,8 @@ import re
 import sys
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
+
+from jaxrl.errors import ArgumentParser
 
 # (cause, pattern on one blocker's text); the first match names the blocker's cause.
 CAUSES: tuple[tuple[str, str], ...] = (
@@ -205,7 +206,7 @@ def format_summary(name: str, s: dict) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jaxrl.tasks funnel", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m jaxrl.tasks funnel", description=__doc__.split("\n\n")[0])
     p.add_argument("paths", nargs="+", help="folders searched for task directories (each a collection)")
     p.add_argument("--json", help="write every task's load, blockers and causes here")
     p.add_argument("--environment-backend", choices=("profile", "image", "auto"), default="profile",

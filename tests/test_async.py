@@ -389,34 +389,18 @@ def _rows(path):
         return list(csv.DictReader(f))
 
 
-def test_fully_async_with_staleness_0_gives_the_sync_metrics(tmp_path, compile_cache):
-    """Same seed, 3 steps: every metric of the sync run (timings aside) is identical in the
-    fully_async run with max_staleness_steps=0, and that run reports staleness 0 and no drop."""
-    runs = {}
-    for mode in ("sync", "fully_async"):
-        wd = str(tmp_path / mode)
-        out = _main(wd, *TINY, "--config.trainer.num_steps=3", f"--config.trainer.async_rl.mode={mode}",
-                    "--config.trainer.async_rl.max_staleness_steps=0", cache=compile_cache)
-        assert out.returncode == 0, out.stderr[-3000:]
-        runs[mode] = _rows(os.path.join(wd, "metrics.csv"))
-    sync, fa = runs["sync"], runs["fully_async"]
-    assert [r["step"] for r in sync] == [r["step"] for r in fa] == ["0", "1", "2", "3"]
-    for a, b in zip(sync, fa):
-        for k in a:
-            if not k.startswith("timing/"):
-                assert a[k] == b[k], (a["step"], k, a[k], b[k])
-    for r in fa[1:]:
-        assert float(r["async/staleness_max"]) == 0 and float(r["async/dropped_stale"]) == 0
-    assert "async/staleness_max" not in sync[1]
+def test_fully_async_with_staleness_0_gives_the_sync_metrics_critic_and_kl_included(tmp_path, compile_cache):
+    """The asynchronous path feeds the same `Learner.update` as sync mode: `configs/ppo_gae.py` (a critic,
+    GAE) with an adaptive KL-in-reward controller, same seed, 2 steps and a held-out set: every metric of
+    the sync run (timings aside, the step-0 evaluation included) is identical in the fully_async run with
+    max_staleness_steps=0, which reports staleness 0 and no drop; the critic's and the controller's
+    metrics are logged in both (the controller's beta moves).
 
-
-def test_fully_async_runs_the_critic_and_kl_in_reward_like_sync(tmp_path, compile_cache):
-    """The asynchronous path feeds the same `Learner.update` (critic values, GAE, the adaptive
-    KL-in-reward controller): configs/ppo_gae.py with an adaptive KL in the reward, 2 steps, gives
-    the same non-timing metrics in fully_async mode with max_staleness_steps=0 as in sync mode, and
-    the critic's and the controller's metrics are logged in both."""
+    The sync run is also the recipe's end-to-end run (it was test_trainer_algorithms'): the critic
+    exists, trains and is checkpointed next to the policy, its metrics and timings are logged, the
+    run config says GAE, and the held-out evaluation runs at the start and the end."""
     args = [*TINY, "--config.trainer.num_steps=2", "--config.trainer.async_rl.max_staleness_steps=0",
-            "--config.data.num_eval_prompts=0", "--config.trainer.export_best=False",
+            "--config.trainer.ckpt_interval=2", "--config.trainer.export_best=False",
             "--config.trainer.algorithm.use_kl_loss=False", "--config.trainer.algorithm.use_kl_in_reward=True",
             "--config.trainer.algorithm.kl_loss_coef=0.05", "--config.trainer.algorithm.kl_ctrl.type=adaptive",
             "--config.trainer.algorithm.kl_ctrl.horizon=100"]
@@ -428,15 +412,28 @@ def test_fully_async_runs_the_critic_and_kl_in_reward_like_sync(tmp_path, compil
         assert out.returncode == 0, out.stderr[-3000:]
         runs[mode] = _rows(os.path.join(wd, "metrics.csv"))
     sync, fa = runs["sync"], runs["fully_async"]
-    assert [r["step"] for r in sync] == [r["step"] for r in fa] == ["1", "2"]
+    assert [r["step"] for r in sync] == [r["step"] for r in fa] == ["0", "1", "2"]
+    assert sync[0]["eval/success_rate"] != ""  # the step-0 held-out evaluation, compared below too
     for a, b in zip(sync, fa):
-        for k in ("critic/critic_loss", "critic/explained_variance", "loss/kl_loss_coef"):
-            assert a[k] != "" and np.isfinite(float(a[k])), k
         for k in a:
             if not k.startswith("timing/"):
                 assert a[k] == b[k], (a["step"], k, a[k], b[k])
-    assert float(sync[0]["loss/kl_loss_coef"]) == 0.05 != float(sync[1]["loss/kl_loss_coef"])  # beta moved
-    assert float(fa[1]["async/staleness_max"]) == 0
+    for r in sync[1:]:
+        for k in ("critic/critic_loss", "critic/explained_variance", "critic/values_clipfrac", "critic/grad_norm",
+                  "loss/kl_loss_coef", "timing/fwd_values", "timing/critic_train"):
+            assert r[k] != "", k
+        assert np.isfinite(float(r["critic/critic_loss"])) and np.isfinite(float(r["policy/final_loss"]))
+    assert float(sync[1]["loss/kl_loss_coef"]) == 0.05 != float(sync[2]["loss/kl_loss_coef"])  # beta moved
+    for r in fa[1:]:
+        assert float(r["async/staleness_max"]) == 0 and float(r["async/dropped_stale"]) == 0
+    assert "async/staleness_max" not in sync[1]
+    wd = str(tmp_path / "sync")
+    saved = json.load(open(os.path.join(wd, "rl_config.json")))["trainer"]["algorithm"]
+    assert saved["advantage_estimator"] == "gae" and saved["value_clip"] == 0.2
+    summary = json.load(open(os.path.join(wd, "summary.json")))
+    assert summary["initial_eval"] is not None and summary["final_eval"] is not None
+    # orbax item directories of the step-2 checkpoint: the critic is saved next to the policy
+    assert {"params", "opt_state", "critic"} <= set(os.listdir(os.path.join(wd, "checkpoints", "2")))
 
 
 def test_fully_async_killed_during_training_and_during_a_weight_load_resumes_exactly(tmp_path, compile_cache):

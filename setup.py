@@ -17,6 +17,9 @@ setup(
     install_requires=[
         "jax>=0.10,<0.12",
         "jaxlib>=0.10,<0.12",
+        # ml_dtypes 0.7.0's extension takes 0.9-1.3 s to import on 2 CPU cores (0.6.0: 0.11-0.14 s), paid by
+        # every JAX process (trainer, sidecar, each test subprocess); jax and tensorstore need >= 0.5.
+        "ml_dtypes>=0.5,<0.7",
         "flax>=0.12,<0.14",
         "optax>=0.2.5",
         "orbax-checkpoint>=0.11",

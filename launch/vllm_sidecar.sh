@@ -20,6 +20,8 @@
 #                             claims; with a trainer on the same GPUs it must match generator.gpu_memory_utilization)
 #   JAXRL_PYTHON              python that runs the front (default python3; needs jaxrl importable, no JAX)
 #   JAXRL_VLLM_DEVICE         cpu | cuda (default: cuda when nvidia-smi lists a GPU, else cpu)
+#   JAXRL_SIDECAR_STOP_GRACE_S  seconds between the SIGTERM to vLLM and the front and the SIGKILL to what is
+#                             left (default 10; a whole number >= 1)
 # The `vllm` on PATH runs vLLM: put the engine environment first (launch/install_engine_env.sh DIR, then
 # PATH=DIR/bin:$PATH).
 #
@@ -65,6 +67,11 @@ MODE=${JAXRL_VLLM_LOGPROBS_MODE:-processed_logprobs}
 UTIL=${JAXRL_GPU_MEMORY_UTILIZATION:-0.85}
 PYTHON=${JAXRL_PYTHON:-python3}
 START_TIMEOUT=${JAXRL_VLLM_START_TIMEOUT:-1800}
+STOP_GRACE=${JAXRL_SIDECAR_STOP_GRACE_S:-10}
+if ! [[ $STOP_GRACE =~ ^[1-9][0-9]*$ ]]; then
+  echo "error: JAXRL_SIDECAR_STOP_GRACE_S=$STOP_GRACE is not a whole number of seconds >= 1. Fix: e.g. 10" >&2
+  exit 2
+fi
 if ! command -v vllm >/dev/null 2>&1; then
   echo "error: no \`vllm\` on PATH. Fix: launch/install_engine_env.sh DIR, then run with PATH=DIR/bin:\$PATH" >&2
   exit 2
@@ -150,7 +157,7 @@ VLLM_PID=$!
   --resume-latest --log-level warning "${TOKEN_ARGS[@]}" &
 FRONT_PID=$!
 
-# Stopping: SIGTERM to both, then SIGKILL to what is left after 10 s. The front waits for vLLM's
+# Stopping: SIGTERM to both, then SIGKILL to what is left after STOP_GRACE s (10 by default). The front waits for vLLM's
 # start-up inside uvicorn's lifespan, where uvicorn holds SIGTERM back until start-up ends (up to
 # JAXRL_VLLM_START_TIMEOUT), so without the SIGKILL a vLLM that fails at start, or a scheduler's
 # SIGTERM during start-up, would leave the front running on PORT.
@@ -158,7 +165,7 @@ stop_children() {
   trap - EXIT INT TERM
   kill "$VLLM_PID" "$FRONT_PID" 2>/dev/null || true
   local i
-  for ((i = 0; i < 50; i++)); do
+  for ((i = 0; i < STOP_GRACE * 5; i++)); do
     kill -0 "$VLLM_PID" 2>/dev/null || kill -0 "$FRONT_PID" 2>/dev/null || return 0
     sleep 0.2
   done

@@ -456,7 +456,8 @@ def test_launch_script_leaves_no_front_behind_while_vllm_starts(published, tmp_p
     """The front waits for vLLM's start-up inside uvicorn's lifespan, where uvicorn holds SIGTERM back
     until start-up ends (up to JAXRL_VLLM_START_TIMEOUT, 30 min). On main, a vLLM that failed at
     start, or a SIGTERM to the script while vLLM was starting, left the front running on its port.
-    Now the script exits and takes the front with it, within the script's grace period (10 s)."""
+    Now the script exits and takes the front with it, within the script's grace period (10 s by default; 2 s
+    here, JAXRL_SIDECAR_STOP_GRACE_S: the front is gone only by the SIGKILL at its end)."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     vllm = bindir / "vllm"
@@ -468,7 +469,8 @@ def test_launch_script_leaves_no_front_behind_while_vllm_starts(published, tmp_p
     vllm.chmod(0o755)
     port = free_port()
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "JAXRL_VLLM_PORT": str(free_port()),
-           "JAXRL_PYTHON": sys.executable, "PYTHONPATH": REPO, "JAXRL_VLLM_DEVICE": "cpu"}
+           "JAXRL_PYTHON": sys.executable, "PYTHONPATH": REPO, "JAXRL_VLLM_DEVICE": "cpu",
+           "JAXRL_SIDECAR_STOP_GRACE_S": "2"}
     log = open(tmp_path / "script.log", "wb")
     proc = subprocess.Popen(["bash", os.path.join(REPO, "launch", "vllm_sidecar.sh"), published["ckpt"], str(port),
                              published["sync"], "--dtype", "bfloat16"], env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -499,3 +501,22 @@ def test_launch_script_leaves_no_front_behind_while_vllm_starts(published, tmp_p
         except ProcessLookupError:
             pass
         log.close()
+
+
+@pytest.mark.parametrize("grace", ["0", "2.5", "ten"])
+def test_launch_script_refuses_a_bad_stop_grace_in_one_line(tmp_path, grace):
+    """JAXRL_SIDECAR_STOP_GRACE_S must be a whole number of seconds >= 1 (a loop count in the script): anything
+    else is one line naming it and exit 2, before any process starts."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "vllm").write_text("#!/bin/sh\necho started > \"$0.ran\"\n")
+    (bindir / "vllm").chmod(0o755)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "JAXRL_SIDECAR_STOP_GRACE_S": grace}
+    out = subprocess.run(["bash", os.path.join(REPO, "launch", "vllm_sidecar.sh"), str(model), str(free_port()),
+                          str(tmp_path / "sync")], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr == (
+        f"error: JAXRL_SIDECAR_STOP_GRACE_S={grace} is not a whole number of seconds >= 1. Fix: e.g. 10\n"), out.stderr
+    assert not (bindir / "vllm.ran").exists()

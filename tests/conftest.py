@@ -80,9 +80,14 @@ def chat(tok):
 # files go first, so that none of them starts last while the other worker idles (longest first).
 # Only the order of whole files changes, and only in xdist workers: a serial run (`-n 0`) keeps
 # pytest's order. A stale list only costs time. Ordered by the suite's `--durations=0` under -n 2
-# (2 cores, 2026-12-01: 256 s for test_trainer.py down to 40 s for test_harbor_trials.py).
+# (2 cores, 2026-12-04: 238 s for test_trainer.py down to 21 s for test_terminal_policy.py).
 LONGEST_FILES_FIRST = (
     "test_vllm_real.py",  # two real vLLM servers, five training runs: 12 min at load 12-16 (2026-12-02)
+    "test_trainer.py", "test_async.py", "test_launch.py", "test_train_step.py", "test_losses.py", "test_qwen3.py",
+    "test_skyrl_diff.py", "test_default_policy.py", "test_sampler.py", "test_evaluate.py", "test_terminal_trainer.py",
+    "test_sidecar_vllm.py", "test_trainer_algorithms.py", "test_sandbox.py", "test_plan.py", "test_harbor_trials.py",
+    "test_advantages.py", "test_parallel.py", "test_sidecar.py", "test_terminal_policy.py",
+)
     "test_trainer.py", "test_async.py", "test_train_step.py", "test_qwen3.py", "test_launch.py",
     "test_losses.py", "test_skyrl_diff.py", "test_default_policy.py", "test_trainer_algorithms.py", "test_terminal_trainer.py",
     "test_sampler.py", "test_parallel.py", "test_evaluate.py", "test_sidecar.py", "test_plan.py",

@@ -88,11 +88,6 @@ LONGEST_FILES_FIRST = (
     "test_sidecar_vllm.py", "test_trainer_algorithms.py", "test_sandbox.py", "test_plan.py", "test_harbor_trials.py",
     "test_advantages.py", "test_parallel.py", "test_sidecar.py", "test_terminal_policy.py",
 )
-    "test_trainer.py", "test_async.py", "test_train_step.py", "test_qwen3.py", "test_launch.py",
-    "test_losses.py", "test_skyrl_diff.py", "test_default_policy.py", "test_trainer_algorithms.py", "test_terminal_trainer.py",
-    "test_sampler.py", "test_parallel.py", "test_evaluate.py", "test_sidecar.py", "test_plan.py",
-    "test_terminal_policy.py", "test_harbor_trials.py",
-)
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)

@@ -284,17 +284,27 @@ def hf_checkpoint_problem(path: str) -> Optional[str]:
 
 
 def tokenizer_problem(path: str) -> Optional[str]:
-    """Why directory `path` holds no tokenizer files transformers can build a tokenizer from, or
-    None: it needs tokenizer.json (a fast tokenizer), or vocab.json + merges.txt (Qwen's BPE files),
-    or tokenizer.model (SentencePiece). A directory with tokenizer_config.json alone would load
-    as a tokenizer that encodes text to nothing."""
+    """Why directory `path` holds no tokenizer jaxrl can chat with, or None. In order: no tokenizer
+    files transformers can build a tokenizer from (tokenizer.json, a fast tokenizer; vocab.json +
+    merges.txt, Qwen's BPE files; or tokenizer.model, SentencePiece: a directory with
+    tokenizer_config.json alone would load as a tokenizer that encodes text to nothing); a
+    tokenizer_config.json that is not a JSON object; no chat template (a non-empty `chat_template`
+    in tokenizer_config.json, or a chat_template.jinja / chat_template.json file)."""
     def has(name):
         return os.path.isfile(os.path.join(path, name))
 
-    if has("tokenizer.json") or (has("vocab.json") and has("merges.txt")) or has("tokenizer.model"):
-        return None
-    return (f"{path!r} has no tokenizer files (tokenizer.json, or vocab.json + merges.txt); without them text "
-            "would be encoded to nothing")
+    if not (has("tokenizer.json") or (has("vocab.json") and has("merges.txt")) or has("tokenizer.model")):
+        return (f"{path!r} has no tokenizer files (tokenizer.json, or vocab.json + merges.txt); without them text "
+                "would be encoded to nothing")
+    config = {}
+    if has("tokenizer_config.json"):
+        config, problem = _json_object(os.path.join(path, "tokenizer_config.json"), "the tokenizer's config")
+        if problem:
+            return problem
+    if not (config.get("chat_template") or has("chat_template.jinja") or has("chat_template.json")):
+        return (f"{path!r} has no chat template (a chat_template in tokenizer_config.json, or chat_template.jinja), "
+                "which every prompt and turn is rendered with")
+    return None
 
 
 _TENSORSTORE_SPEC = re.compile(r"\s*\[tensorstore_spec(\[\d+\])?='.*?'\]", re.S)

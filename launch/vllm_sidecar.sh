@@ -21,7 +21,7 @@
 #   JAXRL_PYTHON              python that runs the front (default python3; needs jaxrl importable, no JAX)
 #   JAXRL_VLLM_DEVICE         cpu | cuda (default: cuda when nvidia-smi lists a GPU, else cpu)
 #   JAXRL_SIDECAR_STOP_GRACE_S  seconds between the SIGTERM to vLLM and the front and the SIGKILL to what is
-#                             left (default 10; a whole number >= 1)
+#                             left (default 10; a whole number from 1 to 99999)
 # The `vllm` on PATH runs vLLM: put the engine environment first (launch/install_engine_env.sh DIR, then
 # PATH=DIR/bin:$PATH).
 #
@@ -60,16 +60,14 @@ shift 3
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONPATH="${REPO_ROOT}${PYTHONPATH:+:${PYTHONPATH}}"
-mkdir -p "$SYNC_DIR"
-export JAXRL_SYNC_DIR="$(cd "$SYNC_DIR" && pwd -P)"
 HOST=${JAXRL_SIDECAR_HOST:-127.0.0.1}
 MODE=${JAXRL_VLLM_LOGPROBS_MODE:-processed_logprobs}
 UTIL=${JAXRL_GPU_MEMORY_UTILIZATION:-0.85}
 PYTHON=${JAXRL_PYTHON:-python3}
 START_TIMEOUT=${JAXRL_VLLM_START_TIMEOUT:-1800}
 STOP_GRACE=${JAXRL_SIDECAR_STOP_GRACE_S:-10}
-if ! [[ $STOP_GRACE =~ ^[1-9][0-9]*$ ]]; then
-  echo "error: JAXRL_SIDECAR_STOP_GRACE_S=$STOP_GRACE is not a whole number of seconds >= 1. Fix: e.g. 10" >&2
+if ! [[ $STOP_GRACE =~ ^[1-9][0-9]{0,4}$ ]]; then
+  echo "error: JAXRL_SIDECAR_STOP_GRACE_S=$STOP_GRACE is not a whole number of seconds from 1 to 99999. Fix: e.g. 10" >&2
   exit 2
 fi
 if ! command -v vllm >/dev/null 2>&1; then
@@ -124,6 +122,9 @@ elif [[ "$HOST" != "127.0.0.1" && "$HOST" != "localhost" ]]; then
   echo "error: JAXRL_SIDECAR_HOST=$HOST is not loopback: set JAXRL_TOKEN_FILE (the shared token file)" >&2
   exit 2
 fi
+# Every check passed: SYNC_DIR is made only now (a refused start leaves nothing behind).
+mkdir -p "$SYNC_DIR"
+export JAXRL_SYNC_DIR="$(cd "$SYNC_DIR" && pwd -P)"
 # Development routes (/collective_rpc, /reset_prefix_cache, /pause, ...) exist only in dev mode.
 export VLLM_SERVER_DEV_MODE=1
 

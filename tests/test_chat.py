@@ -1,6 +1,7 @@
 """Default-policy tokenizer, Qwen3 chat template structure, tool-call parsing and tool observations."""
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -82,7 +83,7 @@ def test_load_tokenizer_errors(tmp_path):
     cfg = json.load(open(os.path.join(DEFAULT_POLICY_DIR, "tokenizer_config.json")))
     del cfg["chat_template"]
     json.dump(cfg, open(tmp_path / "tokenizer_config.json", "w"))
-    with pytest.raises(ValueError, match="no chat_template"):
+    with pytest.raises(ValueError, match="has no chat template"):
         load_tokenizer(str(tmp_path))
 
 
@@ -498,3 +499,70 @@ def test_loading_a_tokenizer_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("content, problem", [
+    ('{"tokenizer_class": "Qwen2Tokenizer",', "is not valid JSON (Expecting property name enclosed in double quotes"),
+    ("[1, 2]", "holds a JSON list, not an object"),
+    (None, "has no chat template (a chat_template in tokenizer_config.json, or chat_template.jinja)"),
+])
+def test_a_damaged_tokenizer_config_is_one_line_before_transformers_reads_it(tmp_path, content, problem):
+    """Regression (fresh-user review): tokenizer_config.json with broken JSON, a JSON list, or no chat template
+    was a 28-56 line traceback from jaxrl.main and jaxrl.chat. `tokenizer_problem` (run by `validate` before
+    JAX is imported, by the policy loader of jaxrl.chat / jaxrl.evaluate, and by `load_tokenizer`) names it."""
+    from jaxrl.fileio import tokenizer_problem
+
+    path = tmp_path / "tok"
+    shutil.copytree(DEFAULT_POLICY_DIR, path)
+    if content is None:
+        cfg = json.loads((path / "tokenizer_config.json").read_text())
+        del cfg["chat_template"]
+        content = json.dumps(cfg)
+    (path / "tokenizer_config.json").write_text(content)
+    message = tokenizer_problem(str(path))
+    assert message is not None and problem in message and "\n" not in message, message
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        load_tokenizer(str(path))
+    (path / "chat_template.jinja").write_text("{{ messages }}")  # a template file makes a config without one valid
+    assert (tokenizer_problem(str(path)) is None) == (content.startswith("{") and content.endswith("}"))
+
+
+def test_the_fast_class_is_taken_where_transformers_has_two(tmp_path, monkeypatch):
+    """Regression (fresh-user review): on transformers 4.x `Qwen2Tokenizer` is the slow class (it needs vocab.json
+    + merges.txt, which Qwen3 checkpoints may lack) and AutoTokenizer picks Qwen2TokenizerFast; load_tokenizer
+    took the slow one. With a library that has both, the fast one is taken, whichever name the config gives."""
+    import transformers
+
+    from jaxrl.envs import chat as chat_lib
+
+    class Slow:
+        pass
+
+    class Fast:
+        pass
+
+    monkeypatch.setattr(transformers, "Qwen2Tokenizer", Slow, raising=False)
+    monkeypatch.setattr(transformers, "Qwen2TokenizerFast", Fast, raising=False)
+    path = tmp_path / "tok"
+    path.mkdir()
+    for name in ("Qwen2Tokenizer", "Qwen2TokenizerFast"):
+        (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": name}))
+        assert chat_lib._tokenizer_class(str(path)) is Fast
+    monkeypatch.setattr(transformers, "Qwen2TokenizerFast", None)  # a library with only the one class
+    assert chat_lib._tokenizer_class(str(path)) is Slow
+
+
+def test_jaxrl_main_names_a_damaged_tokenizer_config_in_one_line(tmp_path, monkeypatch, capsys):
+    """Regression (fresh-user review): `python -m jaxrl.main --config.model.path=DIR` with a tokenizer_config.json
+    that is not JSON ended in a 56-line traceback from the trainer's build. It is one `error:` line, exit 2,
+    from the checks made before JAX is imported (jaxrl.main's `main` in process: tests/main_in_process.py)."""
+    from main_in_process import recipe, run_main
+
+    path = tmp_path / "ckpt"
+    shutil.copytree(DEFAULT_POLICY_DIR, path)
+    (path / "tokenizer_config.json").write_text("[1, 2]")
+    code, err = run_main(monkeypatch, capsys, recipe("configs/rloo.py", **{"model.path": str(path)}), tmp_path / "run")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err[-2000:]
+    assert lines[0].startswith("error: config key `model.path`: ") and "holds a JSON list, not an object" in lines[0]
+    assert "Fix: copy the tokenizer files" in lines[0], lines[0]

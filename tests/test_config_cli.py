@@ -238,6 +238,16 @@ def test_an_empty_scale_after_the_colon_is_refused(command):
             "(configs/rloo.py) or name one (configs/rloo.py:qwen3_8b)") in out.stderr, out.stderr
 
 
+@pytest.mark.parametrize("spec", ["", ":cpu"])
+def test_a_recipe_spec_without_a_file_name_is_one_line_with_the_fix(spec):
+    """Regression (fresh-user review): `--config=` and `--config=:cpu` printed ml_collections' "Configuration is not
+    available because of an earlier failure to load: Path to config file is an empty string." and no fix."""
+    out = _run("jaxrl.main", f"--config={spec}")
+    assert out.returncode == 2 and out.stderr == (
+        f"error: --config: no recipe file given ({spec!r}). Fix: pass a recipe such as configs/rloo.py (or "
+        "configs/rloo.py:qwen3_8b) (see --help)\n"), out.stderr
+
+
 def test_config_diff_errors_name_files_as_files(tmp_path):
     """A missing file was called a "config key" (`config key `--config`: recipe file ...`)."""
     out = _run("jaxrl.config", "diff", "configs/rloo.py", "configs/nope.py")

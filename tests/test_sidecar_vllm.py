@@ -503,10 +503,12 @@ def test_launch_script_leaves_no_front_behind_while_vllm_starts(published, tmp_p
         log.close()
 
 
-@pytest.mark.parametrize("grace", ["0", "2.5", "ten"])
+@pytest.mark.parametrize("grace", ["0", "2.5", "ten", "3689348814741910323"])
 def test_launch_script_refuses_a_bad_stop_grace_in_one_line(tmp_path, grace):
-    """JAXRL_SIDECAR_STOP_GRACE_S must be a whole number of seconds >= 1 (a loop count in the script): anything
-    else is one line naming it and exit 2, before any process starts."""
+    """JAXRL_SIDECAR_STOP_GRACE_S must be a whole number of seconds from 1 to 99999 (a loop count in the script;
+    5 x 3689348814741910323 overflows bash's arithmetic to -1, which would skip the grace): anything else is
+    one line naming it and exit 2, before any process starts and before SYNC_DIR is made (regression,
+    fresh-user review: it was made first)."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "vllm").write_text("#!/bin/sh\necho started > \"$0.ran\"\n")
@@ -518,5 +520,6 @@ def test_launch_script_refuses_a_bad_stop_grace_in_one_line(tmp_path, grace):
     out = subprocess.run(["bash", os.path.join(REPO, "launch", "vllm_sidecar.sh"), str(model), str(free_port()),
                           str(tmp_path / "sync")], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr == (
-        f"error: JAXRL_SIDECAR_STOP_GRACE_S={grace} is not a whole number of seconds >= 1. Fix: e.g. 10\n"), out.stderr
-    assert not (bindir / "vllm.ran").exists()
+        f"error: JAXRL_SIDECAR_STOP_GRACE_S={grace} is not a whole number of seconds from 1 to 99999. "
+        "Fix: e.g. 10\n"), out.stderr
+    assert not (bindir / "vllm.ran").exists() and not (tmp_path / "sync").exists()

@@ -96,9 +96,11 @@ RECIPE_FIX = "Fix: pass a recipe such as configs/rloo.py (or configs/rloo.py:qwe
 
 def recipe_file_problem(spec: str) -> Optional[str]:
     """Why `spec` (`path/to/recipe.py[:scale]`) cannot be a recipe, checked without running it, or
-    None: an empty scale after the colon, a directory, a file whose name does not end in .py, or a
+    None: no file name, an empty scale after the colon, a directory, a file whose name does not end in .py, or a
     Python file with no ``def get_config`` (a missing file is reported where it is loaded)."""
     path, sep, scale = spec.partition(":")
+    if not path.strip():
+        return f"no recipe file given ({spec!r}). {RECIPE_FIX}"
     if sep and not scale.strip():
         return (f"{spec!r} names no scale after the ':'. Fix: drop the ':' for the CPU scale "
                 f"({path}) or name one ({path}:qwen3_8b)")

@@ -108,19 +108,23 @@ _DIRECT_TOKENIZER_CLASSES = ("Qwen2Tokenizer", "Qwen2TokenizerFast")
 
 def _tokenizer_class(path: str):
     """The class `AutoTokenizer.from_pretrained(path)` returns an instance of: for a tokenizer_config.json
-    naming one of `_DIRECT_TOKENIZER_CLASSES` that class (without Fast: transformers 5 has only the fast
-    one), else `AutoTokenizer` itself, which resolves every other checkpoint."""
+    naming one of `_DIRECT_TOKENIZER_CLASSES` its fast class, else `AutoTokenizer` itself, which resolves
+    every other checkpoint."""
     import json
 
     import transformers
 
-    try:
-        with open(os.path.join(path, "tokenizer_config.json"), encoding="utf-8") as f:
+    name = None
+    config_path = os.path.join(path, "tokenizer_config.json")
+    if os.path.isfile(config_path):  # checked to be a JSON object by `jaxrl.fileio.tokenizer_problem`
+        with open(config_path, encoding="utf-8") as f:
             name = json.load(f).get("tokenizer_class")
-    except (OSError, ValueError, AttributeError):
-        name = None
     if name in _DIRECT_TOKENIZER_CLASSES:
-        cls = getattr(transformers, name.removesuffix("Fast"), None) or getattr(transformers, name, None)
+        base = name.removesuffix("Fast")
+        # The fast class where the library has one (transformers 4.x: Qwen2TokenizerFast, what AutoTokenizer
+        # picks; 4.x's Qwen2Tokenizer is the slow one that needs vocab.json + merges.txt). In transformers 5
+        # Qwen2TokenizerFast is another name of Qwen2Tokenizer, the only (fast) class.
+        cls = getattr(transformers, base + "Fast", None) or getattr(transformers, base, None)
         if cls is not None:
             return cls
     return transformers.AutoTokenizer

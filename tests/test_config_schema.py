@@ -103,8 +103,9 @@ def test_config_and_dataclass_reject_the_same_values_with_the_same_check():
 
 
 def test_the_meaning_of_a_registry_key_names_every_registered_name():
-    """Regression (review): loss_reduction's meaning listed 3 of the 4 reductions a run accepts. Every name
-    in each registry (what `validate` accepts for the key) appears in the key's one-line meaning."""
+    """Regression (review): loss_reduction's meaning listed 3 of the 4 reductions a run accepts. Every built-in
+    name in each registry (what `validate` accepts for the key, registered by jaxrl's own modules: other tests
+    in the same process register their own, e.g. tests/skyrl_diff's) appears in the key's one-line meaning."""
     import jaxrl.rl.losses  # noqa: F401 (registers the built-in losses, reductions and estimators)
     from jaxrl.rl import registry
 
@@ -113,7 +114,8 @@ def test_the_meaning_of_a_registry_key_names_every_registered_name():
                        ("trainer.algorithm.advantage_estimator", registry.ADVANTAGE_ESTIMATORS)):
         doc = FIELDS_BY_KEY[key].doc
         words = set(doc.replace("(", " ").replace(")", " ").replace("=", " ").replace("|", " ").split())
-        assert set(names) <= words, (key, sorted(set(names) - words))
+        builtin = {name for name, fn in names.items() if getattr(fn, "__module__", "").startswith("jaxrl.")}
+        assert len(builtin) >= 4 and builtin <= words, (key, sorted(builtin - words))
 
 
 def test_docs_config_md_is_generated_from_the_schema():

@@ -77,6 +77,36 @@ class RealSidecar:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(30)
         self.log.close()
+        # Regression: vLLM's EngineCore and worker outlived the script (2.5 GB each, for good): the script now
+        # stops vLLM's own process group. Nothing the script started may be left, in its session or vLLM's.
+        deadline = time.monotonic() + 30
+        while (left := self.leftovers()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        assert not left, f"processes left after the script stopped: {left}"
+
+    def leftovers(self) -> list[int]:
+        """PIDs of live processes whose environment names this server's sync dir (what the script exports
+        to vLLM and the front), found in /proc."""
+        mine = f"JAXRL_SYNC_DIR={os.path.realpath(self.sync_dir)}".encode()
+        out = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if mine in env and state != b"Z":
+                out.append(int(name))
+        return out
 
 
 @pytest.fixture(scope="module")

@@ -45,3 +45,24 @@ def test_a_sigterm_swallowed_in_a_finalizer_is_raised_at_the_next_safe_point(sig
 def test_no_sigterm_no_raise(sigterm_handler):
     errors.raise_if_terminated()  # nothing arrived: returns
     assert cli.Terminated is errors.Terminated
+
+
+def test_a_sigterm_swallowed_during_an_evaluation_is_raised_when_it_ends(sigterm_handler, monkeypatch):
+    """The first and the last evaluations run outside the step loop's check: a SIGTERM swallowed in one of them
+    (the fresh-user review: during the starting policy's evaluation) went on to train a whole step, or, in
+    the final one, to export and report as if the run had not been asked to stop."""
+    import types
+
+    from jaxrl.train import evaluation, trainer
+
+    def evaluate_and_swallow(c, tasks, generate):
+        errors.note_sigterm()  # what the handler records when its raise lands in a GC callback
+        return {"eval/success_rate": 0.5}, []
+
+    monkeypatch.setattr(evaluation, "evaluate", evaluate_and_swallow)
+    fake = types.SimpleNamespace(prompts=types.SimpleNamespace(eval_batch=lambda: ["a task"]),
+                                 state=types.SimpleNamespace(policy_version=3), is_main=True, progress=False,
+                                 c=None, fleet=types.SimpleNamespace(generate=None), timings={})
+    with pytest.raises(cli.Terminated):
+        trainer.Trainer.evaluate(fake)
+    assert fake._eval_result == {"eval/success_rate": 0.5}  # the result is kept for the resume's report

@@ -253,6 +253,7 @@ class Trainer:
         result, _ = evaluation.evaluate(self.c, tasks, self.fleet.generate)
         self.timings["eval"] = time.perf_counter() - t0
         self._eval_result = result
+        raise_if_terminated()  # a SIGTERM swallowed while evaluating (the first and last run outside the step loop)
         return result
 
     # -- main loop ----------------------------------------------------------------------------
@@ -352,6 +353,7 @@ class Trainer:
             if self.rollouts is not None:
                 self.rollouts.stop()
                 self.rollouts = None
+            raise_if_terminated()  # a SIGTERM swallowed in the last step: stop before the final evaluation
             summary = self._finish(logger, step, clock, stopped_by_collapse)
         finally:
             if bar is not None:  # an interrupted run's bar is closed before the resume hint is printed

@@ -7,6 +7,7 @@ cycle. Its public name stays `jaxrl.config.ConfigError` (re-exported there).
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 class ConfigError(ValueError):
@@ -49,5 +50,14 @@ class ArgumentParser(argparse.ArgumentParser):
     status 2, instead of argparse's usage block (an unknown option, a value outside `choices`, a missing
     argument). Its sub-parsers (`add_subparsers`) are of this class too. `--help` is argparse's."""
 
+    def parse_known_args(self, args=None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)  # for `error`: what this parser was given
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str):
+        if message.startswith("the following arguments are required"):  # argparse says this before an unknown option
+            unknown = [a for a in getattr(self, "_argv", []) if a.startswith("-") and a != "-"
+                       and a.split("=", 1)[0] not in self._option_string_actions]
+            if unknown:
+                message = "unrecognized arguments: " + " ".join(unknown)
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")

@@ -144,6 +144,8 @@ def test_recipe_files_are_checked_before_they_run(tmp_path):
     ("jaxrl.envs.harbor.funnel", ["/tmp", "--image-builder", "docker"],
      "python -m jaxrl.tasks funnel: argument --image-builder: invalid choice: 'docker'"),
     ("jaxrl.config_cli", ["show", "--colour"], "python -m jaxrl.config: unrecognized arguments: --colour"),
+    # argparse names the missing sub-command before an unknown option: the unknown option is the mistake
+    ("jaxrl.tasks", ["--bogus"], "python -m jaxrl.tasks: unrecognized arguments: --bogus"),
     ("jaxrl.rollout.sidecar", ["--backend", "sglang"],
      "python -m jaxrl.rollout.sidecar: argument --backend: invalid choice: 'sglang'"),
 ])

@@ -18,11 +18,14 @@ BOTH_TEST = ('#!/bin/bash\nif [ "$(cat /app/done.txt 2>/dev/null)" = done ]; the
              'else\n  echo \'{"reward": 0}\' > /logs/verifier/reward.json; echo 1 > /logs/verifier/reward.txt\nfi\n')
 NONE_ON_FAIL_TEST = ('#!/bin/bash\nif [ "$(cat /app/done.txt 2>/dev/null)" = done ]; then '
                      'echo 1 > /logs/verifier/reward.txt; fi\n')
-# pays 1 only if a process keeps appending to /app/beat while the verifier watches
-PROCESS_TEST = ('#!/bin/bash\na=$(wc -c < /app/beat 2>/dev/null || echo 0); sleep 1.5\n'
-                'b=$(wc -c < /app/beat 2>/dev/null || echo 0)\n'
-                'if [ "$b" -gt "$a" ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n')
-PROCESS_SOLVE = "#!/bin/bash\n(while true; do echo x >> /app/beat; sleep 0.1; done) > /dev/null 2>&1 &\nsleep 0.3\n"
+# pays 1 only if a process the agent (oracle) started is still alive while the verifier runs: the process holds
+# an flock on /app/alive.lock (taken before /app/held is written), so `flock -n` fails exactly while it lives;
+# no sleep decides the outcome
+PROCESS_TEST = ('#!/bin/bash\nif [ -e /app/held ] && ! flock -n /app/alive.lock true; then '
+                'echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n')
+HOLD_LOCK = "flock /app/alive.lock sh -c 'touch /app/held; exec sleep infinity' > /dev/null 2>&1 &"
+WAIT_HELD = "until [ -e /app/held ]; do sleep 0.05; done"  # a poll: the solution ends once the lock is held
+PROCESS_SOLVE = f"#!/bin/bash\n{HOLD_LOCK}\n{WAIT_HELD}\n"
 
 
 def _check(root, *extra):
@@ -59,7 +62,7 @@ def test_terminal_background_job_lives_through_verification(tmp_path):
         trial = Trial(task, tmp_path / f"trial-{stop}", TrialConfig(keep="none", stop_agent_processes=stop)).start()
         try:
             trial.terminal.read_new_output()
-            trial.send_keys("(while true; do echo x >> /app/beat; sleep 0.1; done) &\n", 0.5)
+            trial.send_keys(f"{HOLD_LOCK} {WAIT_HELD}\n", 60.0)  # one line: back at the prompt once held
             v = trial.verify()
         finally:
             trial.close()

@@ -5,6 +5,7 @@ captures. Expected screens by hand (a 200-character line wraps into 160 + 40 on 
 from __future__ import annotations
 
 import json
+import time
 
 from envs_fakes import ScriptedGenerator
 from harbor_helpers import make_task
@@ -15,6 +16,16 @@ from jaxrl.envs.harbor.agent import AgentConfig, TerminusEnvFactory, rollout_tas
 from jaxrl.rollout.types import SamplingParams
 
 
+def _screen_when(term, ready, timeout: float = 120.0) -> list[str]:
+    """The pane's rows once `ready(rows)` holds (polled: how long the shell takes does not decide the test;
+    the timeout only bounds how long a failure takes to show)."""
+    deadline = time.monotonic() + timeout
+    while not ready(rows := term.screen().split("\n")):
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.05)
+    return rows
+
+
 def test_pane_is_harbors_size_and_wraps_as_tmux(tmp_path):
     task = make_task(tmp_path, "t")
     with Trial(task, tmp_path / "trial", TrialConfig(keep="none", terminal="tmux")) as trial:
@@ -22,11 +33,11 @@ def test_pane_is_harbors_size_and_wraps_as_tmux(tmp_path):
         first = term.screen().split("\n")
         assert first[0] == "agent@sandbox:/app$" and len(first) == 41 and first[-1] == ""  # 40 rows
         trial.send_keys("printf 'x%.0s' {1..200}; echo\n", 1.5)
-        rows = term.screen().split("\n")
-        assert rows[1] == "x" * 160 and rows[2] == "x" * 40 and rows[3] == "agent@sandbox:/app$"
-        # a full-screen program: clear the pane and draw at row 10, column 5
-        trial.send_keys("clear; printf '\\033[10;5HHELLO'; sleep 3\n", 1.5)
-        rows = term.screen().split("\n")
+        rows = _screen_when(term, lambda rows: rows[3] == "agent@sandbox:/app$")  # the command is done
+        assert rows[1] == "x" * 160 and rows[2] == "x" * 40
+        # a full-screen program: clear the pane and draw at row 10, column 5 (then wait in `read`)
+        trial.send_keys("clear; printf '\\033[10;5HHELLO'; read\n", 1.5)
+        rows = _screen_when(term, lambda rows: "HELLO" in rows[9])
         assert rows[9] == "    HELLO" and "x" * 40 not in "\n".join(rows)
         assert "HELLO" in term.history()
 

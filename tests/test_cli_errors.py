@@ -148,6 +148,13 @@ def test_recipe_files_are_checked_before_they_run(tmp_path):
     ("jaxrl.tasks", ["--bogus"], "python -m jaxrl.tasks: unrecognized arguments: --bogus"),
     ("jaxrl.rollout.sidecar", ["--backend", "sglang"],
      "python -m jaxrl.rollout.sidecar: argument --backend: invalid choice: 'sglang'"),
+    # the sidecar's own checks of its arguments say it the same way (they printed the bare text, status 1)
+    ("jaxrl.rollout.sidecar", ["--port", "1", "--backend", "vllm"],
+     "python -m jaxrl.rollout.sidecar: --backend vllm needs --upstream (the loopback URL or unix socket of vLLM)"),
+    ("jaxrl.rollout.sidecar", ["--port", "1"],
+     "python -m jaxrl.rollout.sidecar: --backend jax needs --checkpoint (an HF checkpoint directory)"),
+    ("jaxrl.rollout.sidecar", ["--port", "1", "--token-file", "/nonexistent/token"],
+     "python -m jaxrl.rollout.sidecar: --token-file /nonexistent/token: cannot read it (No such file or directory)"),
 ])
 def test_argparse_commands_say_a_usage_error_in_one_line(module, argv, message, capsys):
     """Regression (review): `python -m jaxrl.tasks check --image-builder docker` printed argparse's usage
@@ -271,7 +278,7 @@ def test_unknown_prefix_or_key_suggests_the_nearest_or_lists_the_top_level_keys(
         f"{', '.join(top)}. List the keys with: python -m jaxrl.config show configs/rloo.py")
 
 
-def test_sidecar_checkpoint_and_token_file_errors_are_one_line(paths):
+def test_sidecar_checkpoint_and_token_file_errors_are_one_line(paths, capsys):
     """`python -m jaxrl.rollout.sidecar --checkpoint /missing` (or a folder without weights, or a
     missing --token-file) was a FileNotFoundError traceback."""
     from jaxrl.rollout import sidecar
@@ -286,7 +293,9 @@ def test_sidecar_checkpoint_and_token_file_errors_are_one_line(paths):
     for call, message in checks:  # (what main() runs before any engine is built)
         with pytest.raises(SystemExit) as e:
             call()
-        assert isinstance(e.value.code, str) and e.value.code.startswith(message), e.value.code
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"error: python -m jaxrl.rollout.sidecar: {message}"), err
 
 
 def test_tasks_check_without_pytest_says_which_tasks_need_it_and_how_to_get_it(tmp_path, monkeypatch, capsys):

@@ -25,7 +25,7 @@ import argparse
 import importlib
 import logging
 import os
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 from jaxrl.errors import ArgumentParser
 from jaxrl.rollout import wire
@@ -92,6 +92,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _usage_error(message: str) -> NoReturn:
+    """Exits 2 with `error: python -m jaxrl.rollout.sidecar: MESSAGE (see ... --help)`, as argparse's own errors."""
+    build_arg_parser().error(message)
+
+
 def _read_token(path: Optional[str]) -> Optional[str]:
     if not path:
         return None
@@ -99,10 +104,10 @@ def _read_token(path: Optional[str]) -> Optional[str]:
         with open(path) as f:
             token = f.read().strip()
     except OSError as e:
-        raise SystemExit(f"--token-file {path}: cannot read it ({e.strerror}). Fix: pass the file holding the "
-                         "shared token (the trainer writes WORKDIR/.sidecar_token)") from None
+        _usage_error(f"--token-file {path}: cannot read it ({e.strerror}). Fix: pass the file holding the "
+                     "shared token (the trainer writes WORKDIR/.sidecar_token)")
     if not token:
-        raise SystemExit(f"--token-file {path} is empty")
+        _usage_error(f"--token-file {path} is empty")
     return token
 
 
@@ -110,12 +115,12 @@ def build_backend(args):
     """The backend the parsed arguments ask for (the JAX engine is built here, in this process)."""
     if args.backend == "vllm":
         if not args.upstream:
-            raise SystemExit("--backend vllm needs --upstream (the loopback URL or unix socket of vLLM)")
+            _usage_error("--backend vllm needs --upstream (the loopback URL or unix socket of vLLM)")
         if args.vllm_logprobs_mode is None:
-            raise SystemExit("--backend vllm needs --vllm-logprobs-mode (the --logprobs-mode vLLM was started with)")
+            _usage_error("--backend vllm needs --vllm-logprobs-mode (the --logprobs-mode vLLM was started with)")
         if not args.model_dir or not args.served_dtype:
-            raise SystemExit("--backend vllm needs --model-dir and --served-dtype (every weight load is verified by a "
-                             "probe computed from them); launch/vllm_sidecar.sh passes both")
+            _usage_error("--backend vllm needs --model-dir and --served-dtype (every weight load is verified by a "
+                         "probe computed from them); launch/vllm_sidecar.sh passes both")
         from jaxrl.rollout.vllm_backend import VllmBackend
 
         try:
@@ -125,14 +130,14 @@ def build_backend(args):
                                model=args.upstream_model or args.model_name, start_timeout_s=args.upstream_start_timeout,
                                model_dir=args.model_dir, dtype=args.served_dtype)
         except ValueError as e:
-            raise SystemExit(str(e)) from None
+            _usage_error(str(e))
     if not args.checkpoint:
-        raise SystemExit("--backend jax needs --checkpoint (an HF checkpoint directory)")
+        _usage_error("--backend jax needs --checkpoint (an HF checkpoint directory)")
     from jaxrl.fileio import HF_CHECKPOINT_HINT, hf_checkpoint_problem
 
     problem = hf_checkpoint_problem(args.checkpoint) if args.engine == DEFAULT_ENGINE else None
     if problem:  # (another --engine factory reads --checkpoint its own way)
-        raise SystemExit(f"--checkpoint: {problem}. Fix: pass {HF_CHECKPOINT_HINT}")
+        _usage_error(f"--checkpoint: {problem}. Fix: pass {HF_CHECKPOINT_HINT}")
     from jaxrl.rollout.server import JaxBackend
 
     engine = _import_factory(args.engine)(args)
@@ -154,7 +159,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                                     max_prompt_tokens=args.max_prompt_tokens, max_total_tokens=args.max_total_tokens,
                                     max_body_bytes=args.max_body_bytes)
     except ValueError as e:
-        raise SystemExit(f"request limits: {e}")
+        _usage_error(f"request limits: {e}")
     backend = build_backend(args)
     import uvicorn
 

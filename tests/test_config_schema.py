@@ -102,6 +102,27 @@ def test_config_and_dataclass_reject_the_same_values_with_the_same_check():
         assert e.value.key == spec.key and "\n" not in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize("key,bad", [
+    ("trainer.weight_sync_keep", 0), ("trainer.weight_sync_keep", -3), ("seed", -1), ("data.eval_split_seed", -1),
+    ("model.logprobs_chunk_size", 0), ("trainer.optimizer.weight_decay", -0.1), ("trainer.optimizer.adam_eps", 0.0),
+    ("trainer.optimizer.adam_eps", float("inf")), ("trainer.async_rl.max_in_flight_trajectories", -1)])
+def test_numeric_keys_that_had_no_bounds_are_refused_before_the_run(key, bad):
+    """Regression (fresh-user review): trainer.weight_sync_keep=0 passed validation and failed after the
+    run had started, a 37-line traceback from jaxrl/rollout/weight_sync.py with the workdir already
+    written. The same kind, found by listing every numeric key declared without bounds: a negative seed
+    (numpy refuses it), a zero chunk size, a negative weight decay, a zero or infinite AdamW epsilon, a
+    negative in-flight limit."""
+    c = config_lib.base_config()
+    *parents, leaf = key.split(".")
+    node = c
+    for p in parents:
+        node = node[p]
+    node[leaf] = bad
+    with pytest.raises(ConfigError) as e:
+        config_lib.validate(c)
+    assert e.value.key == key and "\n" not in str(e.value) and "Fix: " in str(e.value), str(e.value)
+
+
 def test_the_meaning_of_a_registry_key_names_every_registered_name():
     """Regression (review): loss_reduction's meaning listed 3 of the 4 reductions a run accepts. Every built-in
     name in each registry (what `validate` accepts for the key, registered by jaxrl's own modules: other tests

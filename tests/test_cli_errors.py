@@ -148,6 +148,18 @@ def test_recipe_files_are_checked_before_they_run(tmp_path):
     ("jaxrl.tasks", ["--bogus"], "python -m jaxrl.tasks: unrecognized arguments: --bogus"),
     ("jaxrl.rollout.sidecar", ["--backend", "sglang"],
      "python -m jaxrl.rollout.sidecar: argument --backend: invalid choice: 'sglang'"),
+    # out-of-range numbers (fresh-user review: --port 99999 listened on 99999 mod 65536, --max-batch-rows=-1 and
+    # --max-seq-len=0 were tracebacks from the engine's bucket code)
+    ("jaxrl.rollout.sidecar", ["--port", "99999"],
+     "python -m jaxrl.rollout.sidecar: argument --port: 99999: must be in [0, 65535]"),
+    ("jaxrl.rollout.sidecar", ["--port", "1", "--max-batch-rows=-1"],
+     "python -m jaxrl.rollout.sidecar: argument --max-batch-rows: -1: must be >= 1"),
+    ("jaxrl.rollout.sidecar", ["--port", "1", "--max-seq-len=0"],
+     "python -m jaxrl.rollout.sidecar: argument --max-seq-len: 0: must be >= 2"),
+    ("jaxrl.rollout.sidecar", ["--port", "1", "--batch-wait-ms=nan"],
+     "python -m jaxrl.rollout.sidecar: argument --batch-wait-ms: nan: must be >= 0"),
+    ("jaxrl.rollout.sidecar", ["--port", "1", "--gpu-memory-utilization=1.5"],
+     "python -m jaxrl.rollout.sidecar: argument --gpu-memory-utilization: 1.5: must be in (0, 1]"),
     # the sidecar's own checks of its arguments say it the same way (they printed the bare text, status 1)
     ("jaxrl.rollout.sidecar", ["--port", "1", "--backend", "vllm"],
      "python -m jaxrl.rollout.sidecar: --backend vllm needs --upstream (the loopback URL or unix socket of vLLM)"),

@@ -24,8 +24,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import math
 import os
-from typing import NoReturn, Optional, Sequence
+from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from jaxrl.errors import ArgumentParser
 from jaxrl.rollout import wire
@@ -43,13 +44,32 @@ def _import_factory(spec: str):
 DEFAULT_ENGINE = "jaxrl.rollout.sampler:engine_from_args"
 
 
+def _number(kind: type, lo: float, hi: float = math.inf, lo_open: bool = False) -> Callable[[str], Any]:
+    """An argparse `type=` that parses `kind` and refuses a value outside [lo, hi] ((lo, hi] with `lo_open`) or
+    not finite, as argparse's own one-line error ("argument --port: 99999: must be in [0, 65535]")."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+        if not math.isfinite(value) or (value <= lo if lo_open else value < lo) or value > hi:
+            if hi == math.inf:
+                what = f"> {lo:g}" if lo_open else f">= {lo:g}"
+            else:
+                what = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
+            raise argparse.ArgumentTypeError(f"{text}: must be {what}")
+        return value
+    return parse
+
+
 def build_arg_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m jaxrl.rollout.sidecar", description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", default="jax", choices=["jax", "vllm"],
                    help="jax: the built-in engine in this process; vllm: front of a loopback vLLM server")
     p.add_argument("--checkpoint", default=None, help="jax: HF checkpoint directory of the initial policy (version 0)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
-    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--port", type=_number(int, 0, 65535), required=True,
+                   help="TCP port (0: any free one)")
     p.add_argument("--sync-dir", default=None, help="directory that weight loads must come from")
     p.add_argument("--token-file", default=None,
                    help="file holding the shared bearer token; required by every route but /health, and by loads")
@@ -60,9 +80,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--exit-with-parent", action="store_true",
                    help="exit when the process that started this one dies (trainer-owned sidecars)")
     g = p.add_argument_group("jax backend")
-    g.add_argument("--max-batch-rows", type=int, default=64, help="rows (prompts x n) per engine call")
-    g.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long to collect requests into a batch")
-    g.add_argument("--max-seq-len", type=int, default=4096, help="prompt + generated tokens per row")
+    g.add_argument("--max-batch-rows", type=_number(int, 1), default=64, help="rows (prompts x n) per engine call")
+    g.add_argument("--batch-wait-ms", type=_number(float, 0), default=5.0,
+                   help="how long to collect requests into a batch")
+    g.add_argument("--max-seq-len", type=_number(int, 2), default=4096, help="prompt + generated tokens per row")
     g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="engine compute dtype")
     g.add_argument("--engine", default=DEFAULT_ENGINE,
                    help="'module:function' building the engine from these parsed arguments")
@@ -72,13 +93,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
     v.add_argument("--upstream-model", default=None, help="vLLM's --served-model-name (default: --model-name)")
     v.add_argument("--vllm-logprobs-mode", default=None, choices=["processed_logprobs", "raw_logprobs"],
                    help="the --logprobs-mode vLLM was started with (reported by /health, checked per request)")
-    v.add_argument("--gpu-memory-utilization", type=float, default=None,
+    v.add_argument("--gpu-memory-utilization", type=_number(float, 0, 1, lo_open=True), default=None,
                    help="the --gpu-memory-utilization vLLM was started with (reported by /health)")
     v.add_argument("--model-dir", default=None,
                    help="the HF checkpoint vLLM serves: its config.json gives the load probe the architecture")
     v.add_argument("--served-dtype", default=None, choices=["float32", "bfloat16"],
                    help="vLLM's --dtype: versions published in another dtype are refused; sets the probe tolerance")
-    v.add_argument("--upstream-start-timeout", type=float, default=1800.0,
+    v.add_argument("--upstream-start-timeout", type=_number(float, 0, lo_open=True), default=1800.0,
                    help="seconds to wait for vLLM to come up before giving up")
     lim = p.add_argument_group("request limits (a request over a limit gets a 4xx naming it)")
     d = wire.RequestLimits()

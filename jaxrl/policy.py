@@ -60,7 +60,7 @@ def read_checkpoint_params(path: str) -> dict:
     import orbax.checkpoint as ocp
 
     from jaxrl.fileio import read_error_text
-    from jaxrl.train.checkpoint import quiet_read
+    from jaxrl.train.checkpoint import quiet_read, verify_checksums
 
     item = os.path.join(os.path.abspath(path), "params")
     absl_log = logging.getLogger("absl")
@@ -75,13 +75,30 @@ def read_checkpoint_params(path: str) -> dict:
             one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
             abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one),
                                     meta.tree, is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"))
-            return ckptr.restore(item, abstract)
+            params = ckptr.restore(item, abstract)
+        saved = _saved_checksums(path)
+        verify_checksums(int(os.path.basename(os.path.abspath(path))), "params", params,
+                         None if saved is None else saved.get("params"))
+        return params
     except Exception as e:  # noqa: BLE001 - any failure to read is reported as one line
         raise PolicyError(f"--model {path!r}: the training checkpoint's params cannot be read "
                           f"({read_error_text(e)}). Fix: pass another step of WORKDIR/checkpoints, the run's best/ "
                           "or a published version WORKDIR/sync/<version>") from e
     finally:
         absl_log.setLevel(level)
+
+
+def _saved_checksums(path: str) -> Optional[dict]:
+    """The checksums saved with training checkpoint `path` (its trainer_state JSON), or None: written
+    before checksums were, or the trainer state cannot be read (the params are then checked for NaN/inf)."""
+    from jaxrl.train.checkpoint import CHECKSUMS_KEY
+
+    try:
+        with open(os.path.join(path, "trainer_state", "metadata")) as f:
+            saved = json.load(f).get(CHECKSUMS_KEY)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return saved if isinstance(saved, dict) else None
 
 
 def check_model_path(model: str) -> None:

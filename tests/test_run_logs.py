@@ -143,6 +143,18 @@ def test_policy_reads_a_training_checkpoints_params_and_reports_damage_in_one_li
     np.testing.assert_array_equal(np.asarray(got["w"]), np.arange(12.0).reshape(4, 3))
     assert got["b"]["c"].dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(got["b"]["c"], np.float32), np.arange(5, dtype=np.float32))
+    other = tmp_path / "other"  # readable params that are not the ones step 3 saved (checksums)
+    store = CheckpointStore(str(other), max_to_keep=2, async_save=False)
+    store.save(3, {"w": jnp.ones((4, 3)), "b": {"c": jnp.arange(5, dtype=jnp.bfloat16)}}, (jnp.zeros((), jnp.int32),),
+               {"step": 3})
+    store.wait()
+    store.close()
+    shutil.move(os.path.join(ckpt, "params"), str(tmp_path / "params.orig"))
+    shutil.copytree(other / "checkpoints" / "3" / "params", os.path.join(ckpt, "params"))
+    with pytest.raises(policy.PolicyError, match=r"1 of 2 params arrays differ from the checksums saved with them"):
+        policy.read_checkpoint_params(ckpt)
+    shutil.rmtree(os.path.join(ckpt, "params"))
+    shutil.move(str(tmp_path / "params.orig"), os.path.join(ckpt, "params"))
     shutil.rmtree(os.path.join(ckpt, "params", "d"))  # the array data
     with pytest.raises(policy.PolicyError) as e:
         policy.read_checkpoint_params(ckpt)
@@ -229,6 +241,51 @@ def test_a_damaged_best_checkpoint_is_re_chosen_among_the_intact_ones_by_ema(tmp
     assert "the best checkpoint 1 is gone; the best is now step 2 (EMA 0.4500)" in lines[1]
     assert os.path.isdir(tmp_path / "checkpoints_damaged" / "4")
     assert ck.store.all_steps() == [2, 3]
+    ck.close()
+
+
+def test_a_checkpoint_changed_without_a_read_error_is_damaged(tmp_path, capsys):
+    """Regression (fresh-user review): a checkpoint whose data bytes were flipped (same file sizes) was
+    resumed without a word; the run trained on NaN/inf weights and exported a NaN best/. Every save now
+    records a checksum of each array (`tree_checksums`), checked at restore: here step 3's params are
+    replaced by step 2's (readable, but not what step 3 saved), and the resume falls back to step 2.
+    A checkpoint written before checksums is checked for NaN/inf instead (step 2 made so below)."""
+    import json
+    import shutil
+
+    from jaxrl.train import checkpoint
+
+    params, opt = {"w": jnp.zeros(3)}, {"m": jnp.zeros(3)}
+    ck = _checkpoints(tmp_path, 3, params, opt)
+    _save_steps(ck, {1: 0.1, 2: 0.2, 3: 0.3})
+    ck.close()
+    ckpts = tmp_path / "checkpoints"
+    shutil.rmtree(ckpts / "3" / "params")
+    shutil.copytree(ckpts / "2" / "params", ckpts / "3" / "params")
+    capsys.readouterr()
+    ck = _checkpoints(tmp_path, 3, params, opt)
+    step, p, _, state = ck.resume()
+    assert step == 2 and state.step == 2
+    np.testing.assert_array_equal(np.asarray(p["w"]), np.full(3, 2.0))
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if x.startswith("jaxrl: warning: checkpoint 3 "))
+    assert "1 of 1 params arrays differ from the checksums saved with them" in line and "resumed from step 2" in line
+    ck.close()
+    # The checksum itself, by hand: float32 1.0 is 0x3F800000; three of them sum to 3 * 0x3F800000 mod 2**32.
+    assert checkpoint.tree_checksums({"w": jnp.ones(3)}) == ([(3 * 0x3F800000) % 2 ** 32], True)
+    assert checkpoint.tree_checksums({"w": jnp.array([1.0, float("nan")])})[1] is False
+    # A checkpoint without checksums (written before them) whose params hold NaN: damaged too.
+    ck = _checkpoints(tmp_path, 3, params, opt)
+    ck.save(4, {"w": jnp.array([1.0, float("nan"), 2.0])}, {"m": jnp.zeros(3)}, state, RewardEMA(value=0.5))
+    ck.close()
+    meta = ckpts / "4" / "trainer_state" / "metadata"
+    ts = json.loads(meta.read_text())
+    del ts[checkpoint.CHECKSUMS_KEY]
+    meta.write_text(json.dumps(ts))
+    ck = _checkpoints(tmp_path, 3, params, opt)
+    step, _, _, _ = ck.resume()
+    assert step == 2, step
+    assert "checkpoint 4: params hold NaN/inf values" in capsys.readouterr().err
     ck.close()
 
 

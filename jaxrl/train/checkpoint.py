@@ -24,7 +24,67 @@ import types
 from typing import Any, Iterable, Optional
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
+
+CHECKSUMS_KEY = "_checksums"  # in the trainer_state JSON: {item name: per-array checksums} (`tree_checksums`)
+
+
+class ChecksumMismatch(ValueError):
+    """A restored item's arrays differ from the checksums saved with them, or (a checkpoint written before
+    checksums) hold NaN/inf values: files damaged without a read error (flipped bytes, same size)."""
+
+
+def _as_uint32(x):
+    """`x`'s bit patterns as uint32 values (64-bit items: two words each; 8- and 16-bit ones zero-extended)."""
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint32)
+    if x.dtype.itemsize >= 4:
+        return jax.lax.bitcast_convert_type(x, jnp.uint32)
+    return jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}")).astype(jnp.uint32)
+
+
+@jax.jit
+def _checksums_and_finite(leaves):
+    sums = [jnp.sum(_as_uint32(x), dtype=jnp.uint32) for x in leaves]  # wraps mod 2**32: exact in any order
+    finite = [jnp.all(jnp.isfinite(x)) for x in leaves if jnp.issubdtype(x.dtype, jnp.floating)]
+    return sums, jnp.all(jnp.stack(finite)) if finite else jnp.array(True)
+
+
+def _host_scalar(x) -> np.ndarray:
+    return np.asarray(x.addressable_shards[0].data)  # replicated: every process holds the value
+
+
+def tree_checksums(tree) -> tuple[list[int], bool]:
+    """(one checksum per array leaf of `tree`, whether every floating-point value is finite).
+
+    A checksum is the sum of the array's bit patterns as uint32 words modulo 2**32: exact and
+    independent of the summation order, so the same values give the same checksum on any mesh or
+    sharding, and any single flipped bit changes it. Runs on the arrays' devices (one jitted
+    reduction per array; collective across processes for sharded arrays: call it on every process)."""
+    leaves = [x for x in jax.tree.leaves(tree) if hasattr(x, "dtype")]
+    if not leaves:
+        return [], True
+    sums, finite = _checksums_and_finite(leaves)
+    return [int(_host_scalar(v)) for v in sums], bool(_host_scalar(finite))
+
+
+def verify_checksums(step: int, name: str, tree, saved: Optional[list]) -> None:
+    """Raises `ChecksumMismatch` when `tree` (item `name` of checkpoint `step`, just restored) does not
+    match the checksums `saved` with it, or, for a checkpoint without checksums (`saved` None: written
+    before they were), holds NaN/inf values."""
+    sums, finite = tree_checksums(tree)
+    if saved is None:
+        if not finite:
+            raise ChecksumMismatch(f"checkpoint {step}: {name} hold NaN/inf values")
+        return
+    if len(saved) != len(sums):
+        raise ChecksumMismatch(f"checkpoint {step}: {name} has {len(sums)} arrays, its checksums {len(saved)}")
+    bad = sum(int(a) != int(b) for a, b in zip(sums, saved))
+    if bad:
+        raise ChecksumMismatch(f"checkpoint {step}: {bad} of {len(sums)} {name} arrays differ from the checksums "
+                               "saved with them (the files were changed after the save)")
 
 
 class CheckpointStore:
@@ -82,6 +142,8 @@ class CheckpointStore:
 
             size = tree_nbytes(params) + tree_nbytes(opt_state) + sum(tree_nbytes(t) for t in extras.values())
             require_free_space(self.directory, size, f"checkpoint of step {step}")
+        trees = {"params": params, "opt_state": opt_state, **extras}
+        trainer_state = {**trainer_state, CHECKSUMS_KEY: {k: tree_checksums(t)[0] for k, t in trees.items()}}
         self.manager.save(
             step,
             args=ocp.args.Composite(
@@ -140,7 +202,11 @@ class CheckpointStore:
         ts = out["trainer_state"]
         if not isinstance(ts, dict):
             raise ValueError(f"checkpoint {step}: trainer_state is a JSON {type(ts).__name__}, not an object")
-        return out["params"], out["opt_state"], dict(ts)
+        ts = dict(ts)
+        saved = ts.pop(CHECKSUMS_KEY, None)
+        for name in ("params", "opt_state"):
+            verify_checksums(step, name, out[name], None if saved is None else saved.get(name))
+        return out["params"], out["opt_state"], ts
 
     def restore_extra(self, step: int, name: str, abstract: Any) -> Any:
         """The extra item `name` of `step`, restored into the shapes/shardings of `abstract`.
@@ -152,7 +218,10 @@ class CheckpointStore:
             raise FileNotFoundError(f"no committed checkpoint for step {step} in {self.directory}")
         target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
                               abstract)
-        return self.manager.restore(step, args=ocp.args.Composite(**{name: ocp.args.StandardRestore(target)}))[name]
+        tree = self.manager.restore(step, args=ocp.args.Composite(**{name: ocp.args.StandardRestore(target)}))[name]
+        saved = self._trainer_state_json(step).get(CHECKSUMS_KEY)
+        verify_checksums(step, name, tree, None if saved is None else saved.get(name))
+        return tree
 
     def restore_trainer_state(self, step: int) -> dict[str, Any]:
         """Only the JSON trainer state of `step` (cheap: no arrays are read).
@@ -162,6 +231,11 @@ class CheckpointStore:
         """
         if step not in self.manager.all_steps():
             raise FileNotFoundError(f"no committed checkpoint for step {step} in {self.directory}")
+        ts = self._trainer_state_json(step)
+        ts.pop(CHECKSUMS_KEY, None)
+        return ts
+
+    def _trainer_state_json(self, step: int) -> dict[str, Any]:
         out = self.manager.restore(step, args=ocp.args.Composite(trainer_state=ocp.args.JsonRestore()))
         ts = out["trainer_state"]
         if not isinstance(ts, dict):

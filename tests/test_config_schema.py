@@ -105,13 +105,16 @@ def test_config_and_dataclass_reject_the_same_values_with_the_same_check():
 @pytest.mark.parametrize("key,bad", [
     ("trainer.weight_sync_keep", 0), ("trainer.weight_sync_keep", -3), ("seed", -1), ("data.eval_split_seed", -1),
     ("model.logprobs_chunk_size", 0), ("trainer.optimizer.weight_decay", -0.1), ("trainer.optimizer.adam_eps", 0.0),
-    ("trainer.optimizer.adam_eps", float("inf")), ("trainer.async_rl.max_in_flight_trajectories", -1)])
+    ("trainer.optimizer.adam_eps", float("inf")), ("trainer.async_rl.max_in_flight_trajectories", -1),
+    ("trainer.optimizer.adam_betas", (0.9, 2.0)), ("trainer.optimizer.adam_betas", (1.0, 0.999)),
+    ("trainer.optimizer.adam_betas", (-0.1, 0.999)), ("trainer.seq_len_buckets", (0, 4096, 32768))])
 def test_numeric_keys_that_had_no_bounds_are_refused_before_the_run(key, bad):
     """Regression (fresh-user review): trainer.weight_sync_keep=0 passed validation and failed after the
     run had started, a 37-line traceback from jaxrl/rollout/weight_sync.py with the workdir already
-    written. The same kind, found by listing every numeric key declared without bounds: a negative seed
-    (numpy refuses it), a zero chunk size, a negative weight decay, a zero or infinite AdamW epsilon, a
-    negative in-flight limit."""
+    written; adam_betas=(0.9, 2.0) with adam_eps=-1 trained with the update's sign flipped. The same kind,
+    found by listing every numeric key declared without bounds: a negative seed (numpy refuses it), a zero
+    chunk size, a negative weight decay, a zero or infinite AdamW epsilon, a negative in-flight limit, AdamW
+    betas outside [0, 1), a zero-length sequence bucket."""
     c = config_lib.base_config()
     *parents, leaf = key.split(".")
     node = c

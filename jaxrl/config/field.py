@@ -29,7 +29,7 @@ class Field:
       default: its default value (the CPU scale's; a recipe or a scale may set another); its type
         is the key's type (tuples: `item` or the default's element type).
       doc: one line: what the key means, with units and allowed values.
-      bounds: "[lo, hi]", "(lo, hi]", ">= lo", "> lo", "<= hi" or "< hi" for a number; "" = none.
+      bounds: "[lo, hi]", "(lo, hi]", ">= lo", "> lo", "<= hi" or "< hi" for a number (a tuple: each item); "" = none.
       choices: the allowed values of a string key; () = any.
       also: values accepted outside `bounds` (sentinels such as -1 = "all remaining").
       off: the config value that turns the option off; the objective's dataclass holds None for it
@@ -173,7 +173,13 @@ class Field:
             return None
         ok = (int, float) if want is float else (want,)
         bad = [x for x in v if not isinstance(x, ok) or (isinstance(x, bool) and want is not bool)]
-        return f"{tuple(v)!r} holds {bad[0]!r}, which is not {_a(want.__name__)}" if bad else None
+        if bad:
+            return f"{tuple(v)!r} holds {bad[0]!r}, which is not {_a(want.__name__)}"
+        if self.bounds:  # the bounds of every item
+            out = [x for x in v if not math.isfinite(x) or not self.in_bounds(x)]
+            if out:
+                return f"{tuple(v)!r} holds {out[0]!r}, which is not {_bounds_words(self.bounds)}"
+        return None
 
     def to_object(self, v: Any) -> Any:
         """The value the objective's dataclass holds for the config value `v` (the off value -> None)."""

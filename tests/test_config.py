@@ -75,6 +75,7 @@ def test_batch_size_mismatches_name_both_keys_in_the_fix():
     assert "set trainer.mini_batch_size to a divisor of 7" in str(e.value)
     assert f"or trainer.train_batch_size to a multiple of {c.trainer.mini_batch_size}" in str(e.value)
     c = set_key(rloo.get_config(), "generator.n_samples_per_prompt", 1)
+    c.trainer.algorithm.advantage_estimator = "grpo"  # (rloo_n refuses one sample per prompt before this check)
     with pytest.raises(ConfigError) as e:
         validate(c)
     assert "change mini_batch_size or generator.n_samples_per_prompt" in str(e.value), str(e.value)

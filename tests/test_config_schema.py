@@ -126,6 +126,26 @@ def test_numeric_keys_that_had_no_bounds_are_refused_before_the_run(key, bad):
     assert e.value.key == key and "\n" not in str(e.value) and "Fix: " in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize("estimator,n,min_size,ok", [("rloo_n", 1, 2, False), ("rloo_n", 2, 2, True),
+                                                      ("rloo_n", 3, 4, False), ("rloo", 1, 2, False),
+                                                      ("grpo", 1, 2, True), ("reinforce_pp", 1, 2, True)])
+def test_a_group_estimator_with_groups_too_small_to_train_is_refused(estimator, n, min_size, ok):
+    """Regression (fresh-user review): n_samples_per_prompt=1 with rloo_n (the default) ran, and every step
+    trained nothing (advantage 0 for every one-member group, grad norm 0). grpo and reinforce_pp give a
+    one-sample group an advantage (SkyRL's rule: A = r), so they are accepted."""
+    c = config_lib.base_config()
+    c.generator.n_samples_per_prompt = n
+    c.trainer.algorithm.advantage_estimator = estimator
+    c.trainer.algorithm.group_advantage_min_size = min_size
+    c.trainer.micro_batch_size = 1
+    if ok:
+        config_lib.validate(c)
+        return
+    with pytest.raises(ConfigError) as e:
+        config_lib.validate(c)
+    assert e.value.key == "generator.n_samples_per_prompt" and "no step would train" in str(e.value), str(e.value)
+
+
 def test_the_meaning_of_a_registry_key_names_every_registered_name():
     """Regression (review): loss_reduction's meaning listed 3 of the 4 reductions a run accepts. Every built-in
     name in each registry (what `validate` accepts for the key, registered by jaxrl's own modules: other tests

@@ -149,6 +149,13 @@ def _check_algorithm(c: ml_collections.ConfigDict) -> None:
     _require((opc.token_mask_is_threshold_low > 0) == (opc.token_mask_is_threshold_high > 0),
              pre + "off_policy_correction.token_mask_is_threshold_low", "the token mask needs both bounds",
              "set token_mask_is_threshold_low and token_mask_is_threshold_high together (or both to 0)")
+    n, est = c.generator.n_samples_per_prompt, a.advantage_estimator
+    min_size = {"rloo": 2, "rloo_n": a.group_advantage_min_size}.get(est)  # groups smaller get advantage 0
+    _require(min_size is None or n >= min_size, "generator.n_samples_per_prompt",
+             f"{n} sample(s) per prompt with advantage_estimator={est!r}, which gives advantage 0 to every "
+             f"member of a group smaller than {min_size}: no step would train",
+             f"use n_samples_per_prompt >= {min_size}, or an estimator with a baseline of its own (e.g. "
+             "--config.trainer.algorithm.advantage_estimator=reinforce_pp)")
     loss_config(c)
     advantage_config(c)
 

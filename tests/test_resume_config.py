@@ -41,3 +41,27 @@ def test_a_key_both_have_still_must_match(tmp_path):
     c = config_lib.base_config()
     with pytest.raises(config_lib.ConfigError, match=r"1 key differs .*harbor.pip_mirror '/mirror' -> ''"):
         rundir.check_resume_config(c, _old_workdir(tmp_path, harbor__pip_mirror="/mirror"), write=False)
+
+
+def test_a_finished_run_rerun_with_fewer_steps_keeps_its_config(tmp_path):
+    """Regression (fresh-user review): rerunning a finished 5-step run with num_steps=4 trained nothing
+    ("is complete") but rewrote rl_config.json with num_steps 4, for a run whose checkpoints, metrics and
+    summary have 5 steps. A command that trains nothing leaves the file as it is; one that trains on
+    (num_steps past the newest checkpoint) writes its config."""
+    c = config_lib.base_config()
+    c.trainer.num_steps = 5
+    rundir.check_resume_config(c, str(tmp_path), write=True)  # the run's first launch
+    (tmp_path / "checkpoints" / "5").mkdir(parents=True)  # committed steps are numbered directories
+    (tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp-1").mkdir()  # an uncommitted save is no step
+    assert rundir.newest_checkpoint_step(str(tmp_path)) == 5
+
+    def num_steps_on_disk():
+        return json.loads((tmp_path / "rl_config.json").read_text())["trainer"]["num_steps"]
+
+    for fewer in (4, 5):
+        c.trainer.num_steps = fewer
+        rundir.check_resume_config(c, str(tmp_path), write=True)
+        assert num_steps_on_disk() == 5
+    c.trainer.num_steps = 7
+    rundir.check_resume_config(c, str(tmp_path), write=True)
+    assert num_steps_on_disk() == 7

@@ -297,7 +297,9 @@ def resume_mismatch_message(workdir: str, old: dict, new: dict, defaults: Option
 
 def check_resume_config(c, workdir: str, write: bool) -> None:
     """Compares `c` with the `rl_config.json` of a run already in `workdir` (keys in
-    `RESUMABLE_CHANGES` may differ), then writes `c` there when `write` (process 0).
+    `RESUMABLE_CHANGES` may differ), then writes `c` there when `write` (process 0), unless the
+    command trains nothing: a run whose newest checkpoint is at or past `c`'s `trainer.num_steps` is
+    left as it is, its rl_config.json included (it keeps the num_steps the run trained to).
 
     Raises:
       ConfigError: the workdir holds a run with another config (`resume_mismatch_message`: every
@@ -315,8 +317,20 @@ def check_resume_config(c, workdir: str, write: bool) -> None:
         message = resume_mismatch_message(workdir, _flatten(old), _flatten(new), defaults)
         if message:
             raise config_lib.ConfigError(message)
+        if (newest_checkpoint_step(workdir) or 0) >= c.trainer.num_steps:
+            return
     if write:
         config_lib.write_json_atomic(path, {**new, "_derived": {"logprobs": config_lib.logprob_definitions(c)}})
+
+
+def newest_checkpoint_step(workdir: str) -> Optional[int]:
+    """The newest committed checkpoint step of the run in `workdir` (Orbax commits a step by renaming
+    its temporary directory to the step number), or None; read from the directory names alone."""
+    try:
+        steps = [int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
+    except OSError:
+        return None
+    return max(steps, default=None)
 
 
 @dataclasses.dataclass

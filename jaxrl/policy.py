@@ -76,9 +76,7 @@ def read_checkpoint_params(path: str) -> dict:
             abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one),
                                     meta.tree, is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"))
             params = ckptr.restore(item, abstract)
-        saved = _saved_checksums(path)
-        verify_checksums(int(os.path.basename(os.path.abspath(path))), "params", params,
-                         None if saved is None else saved.get("params"))
+        verify_checksums(int(os.path.basename(os.path.abspath(path))), "params", params, _saved_checksums(path))
         return params
     except Exception as e:  # noqa: BLE001 - any failure to read is reported as one line
         raise PolicyError(f"--model {path!r}: the training checkpoint's params cannot be read "

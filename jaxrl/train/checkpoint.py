@@ -70,10 +70,11 @@ def tree_checksums(tree) -> tuple[list[int], bool]:
     return [int(_host_scalar(v)) for v in sums], bool(_host_scalar(finite))
 
 
-def verify_checksums(step: int, name: str, tree, saved: Optional[list]) -> None:
+def verify_checksums(step: int, name: str, tree, saved: Optional[dict]) -> None:
     """Raises `ChecksumMismatch` when `tree` (item `name` of checkpoint `step`, just restored) does not
-    match the checksums `saved` with it, or, for a checkpoint without checksums (`saved` None: written
-    before they were), holds NaN/inf values."""
+    match its checksums in `saved` (the `CHECKSUMS_KEY` dict of the step's trainer state), or, for a
+    checkpoint without checksums (`saved` None: written before they were), holds NaN/inf values."""
+    saved = None if saved is None else saved.get(name)
     sums, finite = tree_checksums(tree)
     if saved is None:
         if not finite:
@@ -205,7 +206,7 @@ class CheckpointStore:
         ts = dict(ts)
         saved = ts.pop(CHECKSUMS_KEY, None)
         for name in ("params", "opt_state"):
-            verify_checksums(step, name, out[name], None if saved is None else saved.get(name))
+            verify_checksums(step, name, out[name], saved)
         return out["params"], out["opt_state"], ts
 
     def restore_extra(self, step: int, name: str, abstract: Any) -> Any:
@@ -220,7 +221,7 @@ class CheckpointStore:
                               abstract)
         tree = self.manager.restore(step, args=ocp.args.Composite(**{name: ocp.args.StandardRestore(target)}))[name]
         saved = self._trainer_state_json(step).get(CHECKSUMS_KEY)
-        verify_checksums(step, name, tree, None if saved is None else saved.get(name))
+        verify_checksums(step, name, tree, saved)
         return tree
 
     def restore_trainer_state(self, step: int) -> dict[str, Any]:

@@ -19,8 +19,11 @@ from jaxrl.train.prompts import PromptSource
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**{k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRL_KILL_AT")}, "JAX_PLATFORMS": "cpu",
        "TOKENIZERS_PARALLELISM": "false"}
+# test_trainer's `RUN` shape and objective (KL loss, 2 epochs), so the run loads its compiled programs
+# from the session's compile cache (tests/conftest.py).
 SMALL = ["--config.trainer.train_batch_size=8", "--config.trainer.mini_batch_size=4",
-         "--config.trainer.micro_batch_size=16", "--config.trainer.eval_interval=0", "--config.trainer.num_steps=2"]
+         "--config.trainer.micro_batch_size=16", "--config.trainer.eval_interval=0", "--config.trainer.num_steps=2",
+         "--config.trainer.algorithm.kl_loss_coef=0.01", "--config.trainer.update_epochs_per_batch=2"]
 
 
 def _write_dataset(path, n=160):

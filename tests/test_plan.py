@@ -41,10 +41,15 @@ def test_plan_compiles_train_step_and_reports_fsdp_sharded_arguments():
 
 
 def test_plan_cli_prints_memory_and_rejects_a_non_dividing_mesh():
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    # The CLI sets the fake device count itself. The rest of this process's XLA flags (tests/conftest.py)
+    # and `_tiny_config`'s batch make its program the one the test above compiled: loaded from the
+    # session's compile cache, not compiled again.
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f)
+    env = {**os.environ, "XLA_FLAGS": flags}
     cmd = [sys.executable, "-m", "jaxrl.plan", f"--config={ROOT}/configs/rloo.py", "--config.model.preset=tiny",
            "--config.mesh.data=2", "--config.mesh.fsdp=4", "--num_devices=8", "--seq_len=64",
-           "--config.trainer.micro_batch_size=64"]
+           "--config.trainer.train_batch_size=8", "--config.trainer.mini_batch_size=4",
+           "--config.trainer.micro_batch_size=16"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "per device: arguments" in out.stdout and "compile time" in out.stdout

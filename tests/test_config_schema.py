@@ -245,3 +245,17 @@ def test_recipes_doc_states_the_schema_default_of_every_algorithm_key():
         assert value == spec.default, f"docs/recipes.md says {key} defaults to {cell}; the schema: {spec.default!r}"
         checked += 1
     assert checked >= 40, checked
+
+
+@pytest.mark.parametrize("key", ["sampling_params", "eval_sampling_params"])
+def test_a_zero_temperature_names_a_fix_that_exists(key):
+    """The fix of a temperature-0 error named a bare `greedy`, which only the held-out sampling has
+    (`generator.eval_sampling_params.greedy`); every key a fix names must be a key of the config."""
+    c = config_lib.base_config()
+    c.generator[key].temperature = 0.0
+    with pytest.raises(ConfigError) as e:
+        config_lib.validate(c)
+    named = set(re.findall(r"\b(?:generator|trainer|data|model)\.[a-z_.]*[a-z_]", str(e.value)))
+    assert f"generator.{key}.temperature" in named
+    assert named <= set(FIELDS_BY_KEY), named - set(FIELDS_BY_KEY)
+    assert ("generator.eval_sampling_params.greedy" in named) == (key == "eval_sampling_params")

@@ -185,7 +185,8 @@ def _check_generation(c: ml_collections.ConfigDict, check_inputs: bool) -> None:
     for key, temp in (("generator.sampling_params.temperature", sp.temperature),
                       ("generator.eval_sampling_params.temperature", g.eval_sampling_params.temperature)):
         _require(MIN_TEMPERATURE <= temp < math.inf, key, f"{temp} must be finite and >= {MIN_TEMPERATURE}",
-                 "use 1.0 (for argmax decoding set greedy instead)")
+                 "use 1.0" + (" (for argmax decoding set generator.eval_sampling_params.greedy=True)" if "eval" in key
+                              else " (RL trains on samples of the policy; argmax rollouts have no gradient signal)"))
     _require(a.temperature == g.sampling_params.temperature or a.allow_temperature_mismatch,
              "trainer.algorithm.temperature",
              f"{a.temperature} differs from generator.sampling_params.temperature={g.sampling_params.temperature}: "

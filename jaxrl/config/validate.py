@@ -182,11 +182,13 @@ def _check_generation(c: ml_collections.ConfigDict, check_inputs: bool) -> None:
 
     g, a = c.generator, c.trainer.algorithm
     sp = g.sampling_params
-    for key, temp in (("generator.sampling_params.temperature", sp.temperature),
-                      ("generator.eval_sampling_params.temperature", g.eval_sampling_params.temperature)):
+    for key, temp, argmax in (
+            ("generator.sampling_params.temperature", sp.temperature,
+             "RL trains on samples of the policy; argmax rollouts have no gradient signal"),
+            ("generator.eval_sampling_params.temperature", g.eval_sampling_params.temperature,
+             "for argmax decoding set generator.eval_sampling_params.greedy=True")):
         _require(MIN_TEMPERATURE <= temp < math.inf, key, f"{temp} must be finite and >= {MIN_TEMPERATURE}",
-                 "use 1.0" + (" (for argmax decoding set generator.eval_sampling_params.greedy=True)" if "eval" in key
-                              else " (RL trains on samples of the policy; argmax rollouts have no gradient signal)"))
+                 f"use 1.0 ({argmax})")
     _require(a.temperature == g.sampling_params.temperature or a.allow_temperature_mismatch,
              "trainer.algorithm.temperature",
              f"{a.temperature} differs from generator.sampling_params.temperature={g.sampling_params.temperature}: "
